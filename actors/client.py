@@ -1,0 +1,41 @@
+"""ClientActor: a long-lived Ray actor hosting one or more clients.
+
+It builds its clients' data itself from (benchmark config, client id), keeps
+their private state across rounds, and returns only Replies: raw inputs,
+labels and private state never leave it.
+"""
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from fedsim.messages import Instruction, Reply
+from fedsim.runtime.client_host import ClientHost, threads_for
+
+
+class ClientActor:
+    def __init__(self, config, federation, client_ids: list[int], device: str):
+        logging.basicConfig(level=logging.WARNING)
+        torch.set_num_threads(threads_for(config.resources.cpus_per_client))
+        self.host = ClientHost(config, federation, client_ids, device=device)
+
+    def ready(self) -> list[int]:
+        return self.host.client_ids
+
+    def execute(self, batch: list[tuple[int, str, int, dict]], *payloads) -> list[Reply]:
+        """Run a batch of (client_id, operation, payload index, per-client config).
+
+        ``payloads`` are the round's shared tensor dicts, passed as top-level
+        ObjectRefs so Ray resolves each one once per actor (zero-copy numpy).
+        """
+        replies = []
+        for client_id, operation, payload_index, config in batch:
+            instruction = Instruction(operation, payloads[payload_index], config)
+            replies.append(self.host.execute(client_id, instruction))
+        return replies
+
+    def node_id(self) -> str:
+        import ray
+
+        return ray.get_runtime_context().get_node_id()

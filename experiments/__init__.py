@@ -1,0 +1,1 @@
+"""Entry points: the ``fedsim`` CLI, run orchestration, configs."""

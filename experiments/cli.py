@@ -1,0 +1,161 @@
+"""The ``fedsim`` command line: ``fedsim run`` and ``fedsim list``.
+
+Bad input ends with one line naming the problem and the fix, exit code 2.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+from pathlib import Path
+from typing import Optional, Sequence
+
+from fedsim.errors import UserError
+
+log = logging.getLogger("fedsim")
+
+FLAG_TO_KEY = {
+    "method": "method.name",
+    "benchmark": "data.benchmark",
+    "target": "data.target",
+    "rounds": "run.rounds",
+    "local_epochs": "method.local_epochs",
+    "clients_per_domain": "data.clients_per_domain",
+    "seed": "run.seed",
+    "backend": "run.backend",
+    "address": "run.address",
+    "cpus_per_client": "resources.cpus_per_client",
+    "gpus_per_client": "resources.gpus_per_client",
+}
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # one line, exit code 2 (argparse's default prints the whole usage)
+        self.exit(2, f"fedsim: error: {message} (see 'fedsim {self.prog.split()[-1]} --help')\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="fedsim", description="Federated domain adaptation simulator")
+    sub = parser.add_subparsers(dest="command", parser_class=_Parser)
+    run = sub.add_parser("run", help="run one experiment (default: FedAvg on embedded digits, target mnistm, Ray backend)")
+    run.add_argument("--config", help="YAML config file (sections data, model, method, run, resources)")
+    run.add_argument("--method", help="method name (see 'fedsim list')")
+    run.add_argument("--benchmark", help="benchmark name (see 'fedsim list')")
+    run.add_argument("--target", help="target domain (unlabeled); the other domains are sources")
+    run.add_argument("--rounds", help="communication rounds")
+    run.add_argument("--local-epochs", help="local epochs per round")
+    run.add_argument("--clients-per-domain", help="split each domain across K clients")
+    run.add_argument("--seed", help="root seed of the run")
+    run.add_argument("--backend", help="ray (default) or local (serial, for debugging)")
+    run.add_argument("--address", help="join an existing Ray cluster (host:port or auto); default: a fresh local cluster")
+    run.add_argument("--cpus-per-client", help="CPUs each client actor requests (fractions allowed)")
+    run.add_argument("--gpus-per-client", help="GPUs each client actor requests (fractions allowed)")
+    run.add_argument("--out", help="run directory (default runs/<date>-<method>-<benchmark>-<target>)")
+    run.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE", help="override any config key, e.g. method.lr=0.01")
+    run.add_argument("-q", "--quiet", action="store_true", help="no progress bar and no table")
+    sub.add_parser("list", help="list methods, benchmarks and their domains")
+    return parser
+
+
+def config_from_args(args: argparse.Namespace):
+    from fedsim.config import load_config
+
+    overrides = list(args.set)
+    for flag, key in FLAG_TO_KEY.items():
+        value = getattr(args, flag, None)
+        if value is not None:
+            overrides.append(f"{key}={value}")
+    if getattr(args, "quiet", False):
+        overrides.append("run.progress=false")
+    return load_config(args.config, overrides)
+
+
+def resolve_out_dir(config, out: Optional[str]) -> Path:
+    if out is None:
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        out = f"runs/{stamp}-{config.method.name}-{config.data.benchmark}-{config.data.target}"
+    path = Path(out)
+    if path.exists() and not path.is_dir():
+        raise UserError(f"--out {out} is a file: give a directory path")
+    if path.is_dir() and any((path / name).exists() for name in ("summary.json", "metrics.jsonl")):
+        raise UserError(f"--out {out} already holds a run: choose another directory or delete it")
+    return path
+
+
+def format_table(summary: dict, out_dir: Path) -> str:
+    rows = [("domain", "role", "accuracy")]
+    target = summary["target_accuracy"]
+    rows.append((summary["target"], "target", "n/a" if target is None else f"{target:.4f}"))
+    for domain, acc in sorted(summary["source_accuracy"].items()):
+        rows.append((domain, "source", f"{acc:.4f}"))
+    widths = [max(len(r[i]) for r in rows) for i in range(3)]
+    lines = [f"{summary['method']} on {summary['benchmark']}, {summary['rounds']} rounds, {summary['backend']} backend, seed {summary['seed']}"]
+    for i, row in enumerate(rows):
+        lines.append("  ".join(cell.ljust(w) for cell, w in zip(row, widths)))
+        if i == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    lines.append(
+        f"bytes sent {summary['bytes_sent']:,}  received {summary['bytes_received']:,}  wall {summary['wall_seconds']:.1f} s"
+    )
+    lines.append(f"run directory: {out_dir}  (tensorboard --logdir {out_dir / 'tb'})")
+    return "\n".join(lines)
+
+
+def cmd_run(args) -> int:
+    from experiments.run import run_experiment
+
+    config = config_from_args(args)
+    out_dir = resolve_out_dir(config, args.out)
+    result = run_experiment(config, out_dir)
+    if not args.quiet:
+        print(format_table(result.summary, out_dir))
+    return 0
+
+
+def cmd_list() -> int:
+    from fedsim.data.scenario import get_benchmark
+    from fedsim.config import DataConfig
+    from fedsim.registry import BENCHMARKS, METHODS
+
+    print("methods:")
+    for name in METHODS.names():
+        doc = (METHODS.get(name).__doc__ or "").strip().splitlines()
+        print(f"  {name:12s} {doc[0] if doc else ''}")
+    print("benchmarks:")
+    for name in BENCHMARKS.names():
+        benchmark = get_benchmark(DataConfig(benchmark=name))
+        try:
+            domains = ", ".join(benchmark.domains())
+        except UserError as exc:
+            domains = f"(user files: {exc})"
+        print(f"  {name:12s} {benchmark.describe()}\n  {'':12s} domains: {domains}")
+    return 0
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    logging.getLogger("fedsim").setLevel(logging.INFO)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 2
+    try:
+        if args.command == "run":
+            return cmd_run(args)
+        return cmd_list()
+    except UserError as exc:
+        print(f"fedsim: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("fedsim: interrupted", file=sys.stderr)
+        return 130
+
+
+def entry() -> None:
+    sys.exit(main())
+
+
+if __name__ == "__main__":
+    entry()

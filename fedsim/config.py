@@ -1,0 +1,291 @@
+"""Experiment configuration: frozen dataclasses, YAML in, dotted overrides.
+
+    cfg = load_config("experiments/configs/digits-fedavg.yaml", ["method.lr=0.01", "run.rounds=5"])
+
+Unknown keys are rejected with the closest valid name. Method-specific
+parameters live in ``method.<name>`` and are checked against the method's own
+``Params`` dataclass (for example ``method.mu`` for FedProx).
+"""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import os
+import typing
+from dataclasses import dataclass, field, fields, is_dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+import yaml
+
+from fedsim.errors import UserError
+
+
+def default_cache_dir() -> str:
+    return os.environ.get("FEDSIM_CACHE", str(Path.home() / ".cache" / "fedsim"))
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    benchmark: str = "digits"
+    target: str = "mnistm"
+    clients_per_domain: int = 1
+    partition: str = "iid"  # "iid" or "dirichlet" (label skew)
+    dirichlet_alpha: float = 0.5
+    seed: int = 0  # fixes domain construction and splits; independent of run.seed
+    root: Optional[str] = None  # folder of user files (npz, real-file loaders)
+    cache_dir: str = field(default_factory=default_cache_dir)
+    max_train_per_domain: Optional[int] = None  # subsample for quick runs
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    name: str = "auto"  # "auto" chooses from the input shape (cnn for images, mlp for vectors)
+    hidden: int = 128
+
+
+@dataclass(frozen=True)
+class NoParams:
+    """A method without parameters of its own."""
+
+
+@dataclass(frozen=True)
+class MethodConfig:
+    name: str = "fedavg"
+    local_epochs: int = 1
+    batch_size: int = 32
+    lr: float = 0.05
+    momentum: float = 0.9
+    weight_decay: float = 0.0
+    params: Any = field(default_factory=NoParams)  # the method's own frozen dataclass
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    rounds: int = 10
+    seed: int = 0
+    backend: str = "ray"  # "ray" or "local"
+    address: Optional[str] = None  # None: fresh local Ray cluster; "auto" or host:port joins one
+    out: Optional[str] = None
+    eval_every: int = 1
+    early_stop_patience: Optional[int] = None  # rounds without source-accuracy gain; never uses target labels
+    tensorboard: bool = True
+    progress: bool = True
+
+
+@dataclass(frozen=True)
+class ResourcesConfig:
+    cpus_per_client: float = 1.0
+    gpus_per_client: float = 0.0
+    max_actors: Optional[int] = None  # None: as many as the cluster's CPUs allow, at most one per client
+
+
+@dataclass(frozen=True)
+class ExperimentConfig:
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    method: MethodConfig = field(default_factory=MethodConfig)
+    run: RunConfig = field(default_factory=RunConfig)
+    resources: ResourcesConfig = field(default_factory=ResourcesConfig)
+
+    def to_dict(self) -> dict:
+        return to_plain(self)
+
+
+SECTIONS = {f.name: f.type for f in fields(ExperimentConfig)}
+
+
+def to_plain(obj: Any) -> Any:
+    """Dataclasses -> nested dicts (method params flattened into the method section)."""
+    if is_dataclass(obj):
+        out = {}
+        for f in fields(obj):
+            value = getattr(obj, f.name)
+            if f.name == "params" and isinstance(obj, MethodConfig):
+                out.update(to_plain(value))
+            else:
+                out[f.name] = to_plain(value)
+        return out
+    if isinstance(obj, (list, tuple)):
+        return [to_plain(v) for v in obj]
+    return obj
+
+
+def _closest(name: str, valid: list[str]) -> str:
+    close = difflib.get_close_matches(name, valid, n=1)
+    return f"did you mean {close[0]!r}?" if close else f"valid keys: {', '.join(sorted(valid))}"
+
+
+def _coerce(value: Any, annotation: Any, where: str) -> Any:
+    """Check and convert one scalar to the field's type."""
+    hint = annotation
+    origin = typing.get_origin(hint)
+    args = typing.get_args(hint)
+    if origin is typing.Union:
+        if value is None and type(None) in args:
+            return None
+        hint = next(a for a in args if a is not type(None))
+    if hint is Any:
+        return value
+    if hint is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "false", "yes", "no", "1", "0"):
+            return value.lower() in ("true", "yes", "1")
+        raise UserError(f"{where} must be true or false, got {value!r}")
+    if hint is int:
+        if isinstance(value, bool) or not isinstance(value, (int, str, float)):
+            raise UserError(f"{where} must be an integer, got {value!r}")
+        try:
+            as_float = float(value)
+            if as_float != int(as_float):
+                raise ValueError
+            return int(as_float)
+        except (ValueError, OverflowError):
+            raise UserError(f"{where} must be an integer, got {value!r}") from None
+    if hint is float:
+        if isinstance(value, bool):
+            raise UserError(f"{where} must be a number, got {value!r}")
+        try:
+            return float(value)
+        except (TypeError, ValueError):
+            raise UserError(f"{where} must be a number, got {value!r}") from None
+    if hint is str:
+        if isinstance(value, (dict, list)):
+            raise UserError(f"{where} must be a string, got {value!r}")
+        return str(value)
+    if origin in (tuple, list) or hint in (tuple, list):
+        if isinstance(value, str):
+            value = [v for v in value.split(",") if v]
+        if not isinstance(value, (list, tuple)):
+            raise UserError(f"{where} must be a list, got {value!r}")
+        inner = args[0] if args else Any
+        return tuple(_coerce(v, inner, where) for v in value)
+    return value
+
+
+def _build(cls: type, values: dict, where: str, extra_valid: tuple[str, ...] = ()) -> Any:
+    hints = typing.get_type_hints(cls)
+    valid = [f.name for f in fields(cls)]
+    kwargs = {}
+    for key, value in values.items():
+        if key not in valid:
+            raise UserError(f"unknown config key '{where}.{key}': {_closest(key, valid + list(extra_valid))}")
+        kwargs[key] = _coerce(value, hints[key], f"{where}.{key}")
+    return cls(**kwargs)
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """'method.lr=0.01' -> (['method', 'lr'], 0.01), values parsed as YAML scalars."""
+    if "=" not in text:
+        raise UserError(f"bad override {text!r}: write it as section.key=value, e.g. method.lr=0.01")
+    key, raw = text.split("=", 1)
+    path = [p for p in key.strip().split(".") if p]
+    if len(path) != 2:
+        raise UserError(f"bad override key {key!r}: write it as section.key=value, sections: {', '.join(SECTIONS)}")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        value = raw
+    return path, value
+
+
+def read_yaml(path: str | Path) -> dict:
+    p = Path(path)
+    if not p.is_file():
+        raise UserError(f"config file {str(p)!r} does not exist: pass an existing YAML file with --config")
+    try:
+        data = yaml.safe_load(p.read_text())
+    except (yaml.YAMLError, UnicodeDecodeError, OSError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise UserError(f"config file {str(p)!r} is not valid YAML ({first}): fix its syntax") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise UserError(f"config file {str(p)!r} must hold a mapping of sections ({', '.join(SECTIONS)})")
+    return data
+
+
+def build_config(raw: dict) -> ExperimentConfig:
+    """Nested dict (YAML) -> ExperimentConfig, with every key checked."""
+    from fedsim.registry import METHODS
+
+    sections: dict[str, Any] = {}
+    for name, value in raw.items():
+        if name not in SECTIONS:
+            raise UserError(f"unknown config section {name!r}: {_closest(str(name), list(SECTIONS))}")
+        if value is None:
+            value = {}
+        if not isinstance(value, dict):
+            raise UserError(f"config section {name!r} must be a mapping of keys to values")
+        sections[name] = value
+    method_raw = dict(sections.get("method", {}))
+    method_name = str(method_raw.get("name", MethodConfig.name))
+    method_cls = METHODS.get(method_name)
+    params_cls = getattr(method_cls, "Params", NoParams)
+    common = {f.name for f in fields(MethodConfig)} - {"params"}
+    params_valid = [f.name for f in fields(params_cls)]
+    params_raw = {k: method_raw.pop(k) for k in list(method_raw) if k not in common}
+    for key in params_raw:
+        if key not in params_valid:
+            raise UserError(
+                f"unknown config key 'method.{key}' for method {method_name!r}: "
+                f"{_closest(key, sorted(common) + params_valid)}"
+            )
+    params = _build(params_cls, params_raw, "method")
+    method_raw.pop("params", None)
+    built = {
+        "data": _build(DataConfig, sections.get("data", {}), "data"),
+        "model": _build(ModelConfig, sections.get("model", {}), "model"),
+        "method": dataclasses.replace(_build(MethodConfig, method_raw, "method", tuple(params_valid)), params=params),
+        "run": _build(RunConfig, sections.get("run", {}), "run"),
+        "resources": _build(ResourcesConfig, sections.get("resources", {}), "resources"),
+    }
+    config = ExperimentConfig(**built)
+    validate(config)
+    return config
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None, base: dict | None = None) -> ExperimentConfig:
+    """YAML file (optional) + dotted overrides -> validated ExperimentConfig."""
+    raw: dict = {k: dict(v) for k, v in (base or {}).items()}
+    if path is not None:
+        for section, values in read_yaml(path).items():
+            if isinstance(values, dict):
+                raw.setdefault(section, {}).update(values)
+            else:
+                raw[section] = values
+    for text in overrides or []:
+        (section, key), value = parse_override(text)
+        if section not in SECTIONS:
+            raise UserError(f"unknown config section {section!r} in --set {text}: {_closest(section, list(SECTIONS))}")
+        raw.setdefault(section, {})
+        if not isinstance(raw[section], dict):
+            raw[section] = {}
+        raw[section][key] = value
+    return build_config(raw)
+
+
+def validate(config: ExperimentConfig) -> None:
+    """Range checks that do not need the data."""
+    checks = [
+        (config.run.rounds > 0, f"run.rounds must be a positive integer, got {config.run.rounds}: pass --rounds 1 or more"),
+        (config.method.local_epochs > 0, f"method.local_epochs must be positive, got {config.method.local_epochs}: pass --local-epochs 1 or more"),
+        (config.method.batch_size > 0, f"method.batch_size must be positive, got {config.method.batch_size}"),
+        (config.method.lr > 0, f"method.lr must be positive, got {config.method.lr}"),
+        (config.data.clients_per_domain > 0, f"data.clients_per_domain must be positive, got {config.data.clients_per_domain}: pass --clients-per-domain 1 or more"),
+        (config.data.partition in ("iid", "dirichlet"), f"data.partition must be 'iid' or 'dirichlet', got {config.data.partition!r}"),
+        (config.data.dirichlet_alpha > 0, f"data.dirichlet_alpha must be positive, got {config.data.dirichlet_alpha}"),
+        (config.run.backend in ("ray", "local"), f"run.backend must be 'ray' or 'local', got {config.run.backend!r}: pass --backend ray or --backend local"),
+        (config.run.eval_every > 0, f"run.eval_every must be positive, got {config.run.eval_every}"),
+        (config.resources.cpus_per_client > 0, f"resources.cpus_per_client must be positive, got {config.resources.cpus_per_client}: pass --cpus-per-client 0.5 or more"),
+        (config.resources.gpus_per_client >= 0, f"resources.gpus_per_client must be 0 or more, got {config.resources.gpus_per_client}"),
+        (config.data.max_train_per_domain is None or config.data.max_train_per_domain > 0, "data.max_train_per_domain must be positive"),
+    ]
+    for ok, message in checks:
+        if not ok:
+            raise UserError(message)
+
+
+def dump_yaml(config: ExperimentConfig) -> str:
+    return yaml.safe_dump(config.to_dict(), sort_keys=False)

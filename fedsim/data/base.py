@@ -1,0 +1,83 @@
+"""Domains, benchmarks and the per-client view of data.
+
+A *domain* is one data distribution (a camera, a plant mode, a font set) with a
+deterministic train/test split. A *benchmark* is a named collection of domains
+of the same task (same classes, same input shape).
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Domain:
+    """One domain's data. ``x`` arrays are float32, ``y`` arrays int64 in [0, num_classes)."""
+
+    name: str
+    train_x: np.ndarray
+    train_y: np.ndarray
+    test_x: np.ndarray
+    test_y: np.ndarray
+    num_classes: int
+
+    @property
+    def input_shape(self) -> tuple[int, ...]:
+        return tuple(self.train_x.shape[1:])
+
+
+class Benchmark(ABC):
+    """A set of domains sharing classes and input shape.
+
+    Subclasses register with ``@BENCHMARKS.register(name)`` and are built from
+    the ``data`` section of the config (:class:`fedsim.config.DataConfig`).
+    ``load`` must be deterministic: the same config gives bit-identical arrays
+    in every process, because Ray client actors rebuild their own data.
+    """
+
+    def __init__(self, data_config):
+        self.config = data_config
+
+    @abstractmethod
+    def domains(self) -> list[str]:
+        """Names of the available domains, in a fixed order."""
+
+    @abstractmethod
+    def load(self, domain: str) -> Domain:
+        """Return one domain (building and caching it if needed)."""
+
+    def describe(self) -> str:
+        """One line for ``fedsim list``."""
+        return (self.__doc__ or "").strip().splitlines()[0] if self.__doc__ else ""
+
+
+@dataclass(frozen=True)
+class ArraySplit:
+    x: np.ndarray
+    y: Optional[np.ndarray]  # None for the unlabeled target's training inputs
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+
+@dataclass(frozen=True)
+class ClientData:
+    """What one client holds privately: never sent to the server.
+
+    ``train.y`` is ``None`` for a target client: its labels are not available
+    for training, structurally. ``test`` is labeled, used for evaluation only.
+    """
+
+    client_id: int
+    domain: str
+    role: str  # "source" or "target"
+    train: ArraySplit
+    test: ArraySplit
+    num_classes: int
+
+    @property
+    def is_target(self) -> bool:
+        return self.role == "target"

@@ -1,0 +1,143 @@
+"""Scenario: which clients exist, which domain each holds, which is the target.
+
+One target domain (unlabeled for training), the other domains are labeled
+sources. ``clients_per_domain = K`` splits every domain's train part across K
+clients, IID or with Dirichlet label skew; the test part is split IID so that
+a domain's accuracy is the pooled accuracy over its clients.
+
+``build_federation`` returns only descriptions (sizes, roles); the arrays are
+built by ``load_client_data`` in whatever process hosts the client.
+"""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import numpy as np
+
+from fedsim.data.base import ArraySplit, Benchmark, ClientData, Domain
+from fedsim.errors import UserError
+from fedsim.registry import BENCHMARKS, unknown_name_message
+from fedsim.seeding import numpy_rng
+
+
+@dataclass(frozen=True)
+class ClientInfo:
+    client_id: int
+    domain: str
+    role: str  # "source" or "target"
+    num_train: int
+    num_test: int
+
+
+@dataclass(frozen=True)
+class Federation:
+    benchmark: str
+    target: str
+    domains: tuple[str, ...]
+    clients: tuple[ClientInfo, ...]
+    input_shape: tuple[int, ...]
+    num_classes: int
+
+    @property
+    def client_ids(self) -> list[int]:
+        return [c.client_id for c in self.clients]
+
+    @property
+    def source_ids(self) -> list[int]:
+        return [c.client_id for c in self.clients if c.role == "source"]
+
+    @property
+    def target_ids(self) -> list[int]:
+        return [c.client_id for c in self.clients if c.role == "target"]
+
+    @property
+    def source_domains(self) -> list[str]:
+        return [d for d in self.domains if d != self.target]
+
+    def info(self, client_id: int) -> ClientInfo:
+        return self.clients[client_id]
+
+
+@functools.lru_cache(maxsize=4)
+def get_benchmark(data_config) -> Benchmark:
+    return BENCHMARKS.get(data_config.benchmark)(data_config)
+
+
+@functools.lru_cache(maxsize=16)
+def get_domain(data_config, domain: str) -> Domain:
+    loaded = get_benchmark(data_config).load(domain)
+    limit = data_config.max_train_per_domain
+    if limit is not None and len(loaded.train_y) > limit:
+        keep = np.sort(numpy_rng(data_config.seed, domain, "subsample").permutation(len(loaded.train_y))[:limit])
+        loaded = Domain(loaded.name, loaded.train_x[keep], loaded.train_y[keep], loaded.test_x, loaded.test_y, loaded.num_classes)
+    return loaded
+
+
+def _partition(labels: np.ndarray, num_clients: int, data_config, domain: str, part: str, skew: bool) -> list[np.ndarray]:
+    rng = numpy_rng(data_config.seed, domain, part, "partition")
+    if num_clients == 1:
+        return [np.arange(len(labels))]
+    if not skew:
+        return [np.sort(chunk) for chunk in np.array_split(rng.permutation(len(labels)), num_clients)]
+    # Dirichlet label skew (Hsu et al. 2019): each class spread over clients by proportions ~ Dir(alpha).
+    shards: list[list[int]] = [[] for _ in range(num_clients)]
+    for cls in np.unique(labels):
+        members = rng.permutation(np.flatnonzero(labels == cls))
+        proportions = rng.dirichlet(np.full(num_clients, data_config.dirichlet_alpha))
+        cuts = (np.cumsum(proportions)[:-1] * len(members)).astype(int)
+        for shard, chunk in zip(shards, np.split(members, cuts)):
+            shard.extend(chunk.tolist())
+    return [np.sort(np.asarray(s, dtype=np.int64)) for s in shards]
+
+
+@functools.lru_cache(maxsize=16)
+def _domain_partitions(data_config, domain: str) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    loaded = get_domain(data_config, domain)
+    k = data_config.clients_per_domain
+    train = _partition(loaded.train_y, k, data_config, domain, "train", data_config.partition == "dirichlet")
+    test = _partition(loaded.test_y, k, data_config, domain, "test", False)
+    return train, test
+
+
+def build_federation(data_config) -> Federation:
+    """Describe the clients of the scenario; raises UserError for an unknown target."""
+    benchmark = get_benchmark(data_config)
+    domains = tuple(benchmark.domains())
+    if data_config.target not in domains:
+        raise UserError(unknown_name_message(f"target domain of benchmark {data_config.benchmark!r}", data_config.target, list(domains), "--target"))
+    if len(domains) < 2:
+        raise UserError(f"benchmark {data_config.benchmark!r} has only {len(domains)} domain(s): a source and a target are needed")
+    clients = []
+    shape, classes = None, 0
+    for domain in domains:
+        loaded = get_domain(data_config, domain)
+        shape = shape or loaded.input_shape
+        classes = max(classes, loaded.num_classes)
+        train_parts, test_parts = _domain_partitions(data_config, domain)
+        if min(len(p) for p in train_parts) == 0:
+            raise UserError(
+                f"domain {domain!r} has too few training samples for {data_config.clients_per_domain} clients: lower --clients-per-domain"
+            )
+        for train_idx, test_idx in zip(train_parts, test_parts):
+            role = "target" if domain == data_config.target else "source"
+            clients.append(ClientInfo(len(clients), domain, role, len(train_idx), len(test_idx)))
+    return Federation(data_config.benchmark, data_config.target, domains, tuple(clients), tuple(shape), classes)
+
+
+def load_client_data(data_config, federation: Federation, client_id: int) -> ClientData:
+    """Build one client's private data (in the process that hosts the client)."""
+    info = federation.info(client_id)
+    loaded = get_domain(data_config, info.domain)
+    first = next(c.client_id for c in federation.clients if c.domain == info.domain)
+    train_parts, test_parts = _domain_partitions(data_config, info.domain)
+    train_idx, test_idx = train_parts[client_id - first], test_parts[client_id - first]
+    train_y = None if info.role == "target" else loaded.train_y[train_idx]
+    return ClientData(
+        client_id=client_id,
+        domain=info.domain,
+        role=info.role,
+        train=ArraySplit(loaded.train_x[train_idx], train_y),
+        test=ArraySplit(loaded.test_x[test_idx], loaded.test_y[test_idx]),
+        num_classes=federation.num_classes,
+    )

@@ -1,0 +1,87 @@
+"""The Method interface: one class holds both halves of a federated algorithm.
+
+Server half (runs where the global state lives):
+    ``init_server() -> state``
+    ``configure_round(round, state) -> {client_id: Instruction}``
+    ``aggregate(round, state, replies) -> (state, metrics)``
+    ``run_round(round, state, executor)``: configure -> executor -> aggregate; a
+    method with several exchanges per round overrides it and calls the executor
+    once per stage.
+    ``configure_evaluate(round, state)``: instructions for the ``evaluate`` operation.
+
+Client half (runs where the client's data lives):
+    ``init_client(data) -> private state``
+    named operations listed in ``operations``, each
+    ``(instruction, private_state, data) -> (Reply, private_state)``.
+
+Private client state (a personalized head, norm statistics, barycentric
+coordinates) stays in the client's process and never appears in a Reply.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, ClassVar, Mapping
+
+import torch
+
+from fedsim.config import ExperimentConfig, NoParams
+from fedsim.data.base import ClientData
+from fedsim.data.scenario import Federation
+from fedsim.messages import Instruction, Reply
+from fedsim.seeding import derive_seed
+
+ServerState = dict
+Replies = Mapping[int, Reply]
+
+
+class Method:
+    """Base class; subclasses register with ``@METHODS.register(name)``."""
+
+    Params: ClassVar[type] = NoParams
+    operations: ClassVar[tuple[str, ...]] = ("fit", "evaluate")
+
+    def __init__(self, config: ExperimentConfig, federation: Federation, device: str = "cpu"):
+        self.config = config
+        self.federation = federation
+        self.params = config.method.params
+        self.device = torch.device(device)
+
+    # ---- helpers ----------------------------------------------------------
+    def client_seed(self, rnd: int, client_id: int, operation: str) -> int:
+        """Seed of one client operation in one round, independent of scheduling."""
+        return derive_seed(self.config.run.seed, rnd, client_id, operation)
+
+    def operation(self, name: str) -> Callable[[Instruction, Any, ClientData], tuple[Reply, Any]]:
+        if name not in self.operations:
+            raise ValueError(f"method {type(self).__name__} has no client operation {name!r} (has {self.operations})")
+        return getattr(self, name)
+
+    # ---- server half ------------------------------------------------------
+    def init_server(self) -> ServerState:
+        raise NotImplementedError
+
+    def configure_round(self, rnd: int, state: ServerState) -> dict[int, Instruction]:
+        raise NotImplementedError
+
+    def aggregate(self, rnd: int, state: ServerState, replies: Replies) -> tuple[ServerState, dict]:
+        raise NotImplementedError
+
+    def run_round(self, rnd: int, state: ServerState, executor) -> tuple[ServerState, dict]:
+        replies = executor.run(self.configure_round(rnd, state))
+        return self.aggregate(rnd, state, replies)
+
+    def configure_evaluate(self, rnd: int, state: ServerState) -> dict[int, Instruction]:
+        raise NotImplementedError
+
+    def global_tensors(self, state: ServerState) -> dict:
+        """The tensors that define the global model (compared across backends in tests)."""
+        return dict(state.get("weights", {}))
+
+    # ---- client half ------------------------------------------------------
+    def init_client(self, data: ClientData) -> Any:
+        return None
+
+    def fit(self, instruction: Instruction, state: Any, data: ClientData) -> tuple[Reply, Any]:
+        raise NotImplementedError
+
+    def evaluate(self, instruction: Instruction, state: Any, data: ClientData) -> tuple[Reply, Any]:
+        raise NotImplementedError

@@ -1,0 +1,126 @@
+"""Run callbacks: metrics file, TensorBoard, progress bar, early stopping.
+
+A callback sees every round's metrics; ``on_round_end`` returning True stops the run.
+"""
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Optional
+
+log = logging.getLogger(__name__)
+
+
+class Callback:
+    def on_run_start(self, simulator) -> None:
+        pass
+
+    def on_round_end(self, simulator, metrics: dict) -> Optional[bool]:
+        return None
+
+    def on_run_end(self, simulator, summary: dict) -> None:
+        pass
+
+
+def _flatten(metrics: dict, prefix: str = "") -> dict[str, float]:
+    flat = {}
+    for key, value in metrics.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            flat.update(_flatten(value, name + "/"))
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            flat[name] = float(value)
+    return flat
+
+
+class MetricsFile(Callback):
+    """One JSON object per round in ``metrics.jsonl``, flushed as it goes."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+
+    def on_run_start(self, simulator) -> None:
+        self.path.write_text("")
+
+    def on_round_end(self, simulator, metrics: dict) -> None:
+        with self.path.open("a") as fh:
+            fh.write(json.dumps(metrics, sort_keys=True) + "\n")
+
+
+class TensorBoard(Callback):
+    """Scalars under ``tb/`` (nested metrics become ``source_accuracy/usps`` and so on)."""
+
+    def __init__(self, log_dir: Path):
+        self.log_dir = Path(log_dir)
+        self.writer = None
+
+    def on_run_start(self, simulator) -> None:
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.writer = SummaryWriter(str(self.log_dir))
+
+    def on_round_end(self, simulator, metrics: dict) -> None:
+        step = int(metrics["round"])
+        for name, value in _flatten(metrics).items():
+            if name != "round":
+                self.writer.add_scalar(name, value, step)
+        self.writer.flush()
+
+    def on_run_end(self, simulator, summary: dict) -> None:
+        if self.writer is not None:
+            self.writer.close()
+
+
+class ProgressBar(Callback):
+    def __init__(self, total: int, description: str):
+        self.total = total
+        self.description = description
+        self.bar = None
+
+    def on_run_start(self, simulator) -> None:
+        from tqdm.auto import tqdm
+
+        self.bar = tqdm(total=self.total, desc=self.description, unit="round", dynamic_ncols=True)
+
+    def on_round_end(self, simulator, metrics: dict) -> None:
+        shown = {}
+        if "target_accuracy" in metrics:
+            shown["target"] = f"{metrics['target_accuracy']:.3f}"
+        if "mean_source_accuracy" in metrics:
+            shown["sources"] = f"{metrics['mean_source_accuracy']:.3f}"
+        self.bar.set_postfix(shown)
+        self.bar.update(1)
+
+    def on_run_end(self, simulator, summary: dict) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+class EarlyStopping(Callback):
+    """Stop after ``patience`` evaluated rounds without a gain of the monitored metric.
+
+    The default monitor is the mean *source* test accuracy: target labels are
+    for evaluation only and never steer training.
+    """
+
+    def __init__(self, patience: int, monitor: str = "mean_source_accuracy", min_delta: float = 1e-4):
+        if monitor.startswith("target"):
+            raise ValueError("early stopping on target metrics would use target labels for training decisions")
+        self.patience = patience
+        self.monitor = monitor
+        self.min_delta = min_delta
+        self.best = float("-inf")
+        self.waited = 0
+
+    def on_round_end(self, simulator, metrics: dict) -> Optional[bool]:
+        if self.monitor not in metrics:
+            return None
+        if metrics[self.monitor] > self.best + self.min_delta:
+            self.best, self.waited = metrics[self.monitor], 0
+            return None
+        self.waited += 1
+        if self.waited >= self.patience:
+            log.info("early stop at round %s: %s did not improve for %d rounds", metrics["round"], self.monitor, self.patience)
+            return True
+        return None

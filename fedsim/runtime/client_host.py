@@ -1,0 +1,68 @@
+"""ClientHost: the clients living in one process (the driver, or one Ray actor).
+
+It builds each hosted client's data itself from (benchmark config, client id),
+keeps each client's private state, and runs the method's named operations.
+Only Replies leave it: never inputs, labels, or private state.
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+from typing import Any, Iterable
+
+import torch
+
+from fedsim.data.scenario import Federation, load_client_data
+from fedsim.messages import Instruction, Reply
+
+log = logging.getLogger(__name__)
+
+
+@contextlib.contextmanager
+def torch_threads(count: int):
+    previous = torch.get_num_threads()
+    torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
+
+
+def threads_for(cpus: float) -> int:
+    """Torch threads for a client that was given ``cpus`` CPUs (fractions round down, at least 1)."""
+    return max(1, int(cpus))
+
+
+class ClientHost:
+    def __init__(self, config, federation: Federation, client_ids: Iterable[int], device: str = "cpu"):
+        from fedsim.registry import METHODS
+
+        self.config = config
+        self.federation = federation
+        self.client_ids = sorted(client_ids)
+        self.method = METHODS.get(config.method.name)(config, federation, device=device)
+        self.threads = threads_for(config.resources.cpus_per_client)
+        self._data: dict[int, Any] = {}
+        self._state: dict[int, Any] = {}
+
+    def _client(self, client_id: int):
+        if client_id not in self.client_ids:
+            raise KeyError(f"client {client_id} is not hosted here (hosts {self.client_ids})")
+        if client_id not in self._data:  # lazily: only clients that are asked to work build their data
+            self._data[client_id] = load_client_data(self.config.data, self.federation, client_id)
+            self._state[client_id] = self.method.init_client(self._data[client_id])
+        return self._data[client_id]
+
+    def execute(self, client_id: int, instruction: Instruction) -> Reply:
+        data = self._client(client_id)
+        operation = self.method.operation(instruction.operation)
+        with torch_threads(self.threads):
+            reply, self._state[client_id] = operation(instruction, self._state[client_id], data)
+        if not isinstance(reply, Reply) or reply.client_id != client_id:
+            raise TypeError(f"{type(self.method).__name__}.{instruction.operation} must return Reply(client_id={client_id}, ...)")
+        return reply
+
+    def private_state(self, client_id: int) -> Any:
+        """For tests and checkpoints: the client's private state (never sent to the server)."""
+        self._client(client_id)
+        return self._state[client_id]

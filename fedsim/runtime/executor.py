@@ -1,0 +1,50 @@
+"""Executors run client operations; LocalExecutor serially in this process.
+
+Every executor implements ``run({client_id: Instruction}) -> {client_id: Reply}``
+(replies sorted by client id, whatever order they arrive in) and counts the
+bytes of what crosses the wire: each client receives its instruction's
+tensors, each reply's tensors come back.
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Mapping
+
+from fedsim.messages import Instruction, Reply
+
+
+class Executor(ABC):
+    def __init__(self):
+        self.bytes_sent = 0
+        self.bytes_received = 0
+
+    def run(self, instructions: Mapping[int, Instruction]) -> dict[int, Reply]:
+        if not instructions:
+            return {}
+        replies = self._dispatch(dict(sorted(instructions.items())))
+        missing = set(instructions) - set(replies)
+        if missing:
+            raise RuntimeError(f"no reply from clients {sorted(missing)}")
+        self.bytes_sent += sum(ins.nbytes for ins in instructions.values())
+        self.bytes_received += sum(replies[cid].nbytes for cid in instructions)
+        return {cid: replies[cid] for cid in sorted(instructions)}
+
+    @abstractmethod
+    def _dispatch(self, instructions: dict[int, Instruction]) -> dict[int, Reply]:
+        """Run each instruction on its client; any order."""
+
+    def close(self) -> None:
+        pass
+
+
+class LocalExecutor(Executor):
+    """Serial and deterministic: all clients live in this process (for debugging and tests)."""
+
+    def __init__(self, config, federation):
+        super().__init__()
+        from fedsim.runtime.client_host import ClientHost
+
+        self.host = ClientHost(config, federation, federation.client_ids, device="cpu")
+
+    def _dispatch(self, instructions: dict[int, Instruction]) -> dict[int, Reply]:
+        return {cid: self.host.execute(cid, ins) for cid, ins in instructions.items()}

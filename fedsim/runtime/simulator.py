@@ -1,0 +1,102 @@
+"""Simulator: the round loop, callbacks, and the run directory.
+
+Run directory layout: ``config.yaml`` (resolved), ``metrics.jsonl`` (one
+object per round), ``tb/`` (TensorBoard), ``summary.json`` (written last and
+atomically: its presence means the run finished).
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import Optional
+
+from fedsim.config import ExperimentConfig, dump_yaml
+from fedsim.runtime.callbacks import Callback, EarlyStopping, MetricsFile, ProgressBar, TensorBoard
+
+log = logging.getLogger(__name__)
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def default_callbacks(config: ExperimentConfig, out_dir: Optional[Path]) -> list[Callback]:
+    callbacks: list[Callback] = []
+    if out_dir is not None:
+        callbacks.append(MetricsFile(out_dir / "metrics.jsonl"))
+        if config.run.tensorboard:
+            callbacks.append(TensorBoard(out_dir / "tb"))
+    if config.run.progress:
+        callbacks.append(ProgressBar(config.run.rounds, f"{config.method.name} -> {config.data.target}"))
+    if config.run.early_stop_patience:
+        callbacks.append(EarlyStopping(config.run.early_stop_patience))
+    return callbacks
+
+
+class Simulator:
+    """Drives ``server.run_round`` for the configured rounds.
+
+    ``server`` is a :class:`fedsim.runtime.server.Server` or anything with the
+    same ``run_round(round, evaluate)`` / ``global_tensors()`` / ``close()``
+    methods (the Ray backend passes a proxy to its ServerActor).
+    """
+
+    def __init__(self, config: ExperimentConfig, server, out_dir: Optional[Path] = None, callbacks: Optional[list[Callback]] = None):
+        self.config = config
+        self.server = server
+        self.out_dir = Path(out_dir) if out_dir is not None else None
+        self.callbacks = default_callbacks(config, self.out_dir) if callbacks is None else callbacks
+        self.history: list[dict] = []
+
+    def run(self) -> dict:
+        started = time.perf_counter()
+        if self.out_dir is not None:
+            self.out_dir.mkdir(parents=True, exist_ok=True)
+            atomic_write_text(self.out_dir / "config.yaml", dump_yaml(self.config))
+        for callback in self.callbacks:
+            callback.on_run_start(self)
+        rounds = self.config.run.rounds
+        for rnd in range(1, rounds + 1):
+            evaluate = rnd % self.config.run.eval_every == 0 or rnd == rounds
+            metrics = self.server.run_round(rnd, evaluate)
+            self.history.append(metrics)
+            stop = [callback.on_round_end(self, metrics) for callback in self.callbacks]
+            if any(stop):  # early stopping acts on evaluated rounds only, so the last round has accuracies
+                break
+        summary = self.summary(time.perf_counter() - started)
+        for callback in self.callbacks:
+            callback.on_run_end(self, summary)
+        if self.out_dir is not None:
+            atomic_write_text(self.out_dir / "summary.json", json.dumps(summary, indent=2, sort_keys=True) + "\n")
+        return summary
+
+    def summary(self, wall_seconds: float) -> dict:
+        last_evaluated = next(m for m in reversed(self.history) if "source_accuracy" in m)
+        return {
+            "method": self.config.method.name,
+            "benchmark": self.config.data.benchmark,
+            "target": self.config.data.target,
+            "backend": self.config.run.backend,
+            "seed": self.config.run.seed,
+            "rounds": len(self.history),
+            "target_accuracy": last_evaluated.get("target_accuracy"),
+            "source_accuracy": last_evaluated["source_accuracy"],
+            "bytes_sent": int(sum(m["bytes_sent"] for m in self.history)),
+            "bytes_received": int(sum(m["bytes_received"] for m in self.history)),
+            "wall_seconds": round(wall_seconds, 3),
+        }

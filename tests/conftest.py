@@ -1,0 +1,53 @@
+"""Shared fixtures: a tiny npz federation (fast), one Ray cluster for the whole session."""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+os.environ.setdefault("TQDM_DISABLE", "1")
+
+
+def write_toy_domains(root, num_domains: int = 3, per_domain: int = 150, dim: int = 8, classes: int = 3, seed: int = 0):
+    """Gaussian classes in R^dim; each domain shifts and rotates them (a small, real domain shift)."""
+    rng = np.random.default_rng(seed)
+    centers = rng.normal(0, 2.0, size=(classes, dim))
+    for d in range(num_domains):
+        rotation, _ = np.linalg.qr(rng.normal(size=(dim, dim)) * 0.3 * d + np.eye(dim))
+        y = np.arange(per_domain) % classes
+        x = centers[y] @ rotation + rng.normal(0, 1.0, size=(per_domain, dim)) + 0.5 * d
+        np.savez(os.path.join(root, f"dom{d}.npz"), x=x.astype(np.float32), y=y.astype(np.int64))
+    return root
+
+
+@pytest.fixture(scope="session")
+def toy_root(tmp_path_factory):
+    return str(write_toy_domains(tmp_path_factory.mktemp("toy")))
+
+
+@pytest.fixture(scope="session")
+def toy_overrides(toy_root, tmp_path_factory):
+    """Dotted overrides for a fast run on the toy npz federation (target dom1)."""
+    cache = tmp_path_factory.mktemp("cache")
+    return [
+        "data.benchmark=npz",
+        f"data.root={toy_root}",
+        "data.target=dom1",
+        f"data.cache_dir={cache}",
+        "run.rounds=2",
+        "run.progress=false",
+        "method.batch_size=16",
+        "method.lr=0.05",
+    ]
+
+
+@pytest.fixture(scope="session")
+def ray_cluster():
+    """One local Ray cluster shared by every test that needs it."""
+    ray = pytest.importorskip("ray")
+    if not ray.is_initialized():
+        ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING")
+    yield ray
+    ray.shutdown()
