@@ -1,0 +1,126 @@
+"""`fedsim run` / `fedsim list` end to end, and every bad input: one line, exit code 2, nothing written."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+from experiments.cli import main
+
+
+def _flags(overrides):
+    flags = []
+    for item in overrides:
+        flags += ["--set", item]
+    return flags
+
+
+def test_run_local_writes_outputs_and_prints_table(toy_overrides, tmp_path, capsys):
+    out = tmp_path / "run"
+    code = main(["run", "--backend", "local", "--out", str(out), "--rounds", "2", "--seed", "4"] + _flags(toy_overrides))
+    assert code == 0
+    printed = capsys.readouterr().out
+    assert "target" in printed and "dom1" in printed and "dom0" in printed
+    summary = json.loads((out / "summary.json").read_text())
+    for key in ("method", "benchmark", "target", "backend", "seed", "rounds", "target_accuracy", "source_accuracy",
+                "bytes_sent", "bytes_received", "wall_seconds"):
+        assert key in summary
+    assert (summary["backend"], summary["seed"], summary["rounds"]) == ("local", 4, 2)
+    lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [m["round"] for m in lines] == [1, 2]
+    for m in lines:
+        assert {"train_loss", "target_accuracy", "source_accuracy", "bytes_sent", "bytes_received"} <= m.keys()
+    assert sum(m["bytes_sent"] for m in lines) == summary["bytes_sent"]
+    assert (out / "config.yaml").exists()
+    assert any((out / "tb").iterdir()), "TensorBoard events are written"
+
+
+def test_run_ray_gives_same_target_accuracy_as_local(toy_overrides, tmp_path, ray_cluster):
+    results = {}
+    for backend in ("local", "ray"):
+        out = tmp_path / backend
+        assert main(["run", "-q", "--backend", backend, "--out", str(out), "--method", "fedprox"] + _flags(toy_overrides)) == 0
+        results[backend] = json.loads((out / "summary.json").read_text())
+    assert results["local"]["target_accuracy"] == results["ray"]["target_accuracy"]
+
+
+def test_run_with_clients_per_domain_and_dirichlet(toy_overrides, tmp_path):
+    out = tmp_path / "split"
+    args = ["run", "-q", "--backend", "local", "--out", str(out), "--clients-per-domain", "3", "--set", "data.partition=dirichlet"]
+    assert main(args + _flags(toy_overrides)) == 0
+    first = json.loads((out / "metrics.jsonl").read_text().splitlines()[0])
+    assert len(first["train_loss"]) == 6  # 2 source domains x 3 clients
+
+
+def test_list_shows_methods_benchmarks_and_domains(capsys):
+    assert main(["list"]) == 0
+    printed = capsys.readouterr().out
+    for word in ("fedavg", "fedprox", "digits", "npz", "mnistm", "usps", "synth"):
+        assert word in printed
+
+
+BAD_INPUTS = [
+    (["--method", "fedavgg"], "unknown method 'fedavgg'"),
+    (["--target", "svhn"], "unknown target domain"),
+    (["--rounds", "0"], "run.rounds must be a positive integer"),
+    (["--rounds", "-2"], "run.rounds must be a positive integer"),
+    (["--set", "method.lrr=0.1"], "did you mean 'lr'"),
+    (["--config", "/nonexistent/config.yaml"], "does not exist"),
+    (["--backend", "spark"], "run.backend must be 'ray' or 'local'"),
+    (["--cpus-per-client", "0"], "cpus_per_client must be positive"),
+    (["--benchmark", "npz"], "data.root"),
+]
+
+
+@pytest.mark.parametrize("args, expected", BAD_INPUTS)
+def test_bad_input_one_line_exit_2_nothing_written(args, expected, tmp_path, capsys):
+    out = tmp_path / "never"
+    code = main(["run", "-q", "--out", str(out)] + args)
+    err = capsys.readouterr().err
+    assert code == 2
+    assert expected in err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert not out.exists()
+
+
+def test_bad_yaml_key_and_syntax(tmp_path, capsys):
+    bad_key = tmp_path / "k.yaml"
+    bad_key.write_text("run:\n  roundz: 3\n")
+    bad_syntax = tmp_path / "s.yaml"
+    bad_syntax.write_text("run: {rounds: 3\n")
+    for path, expected in ((bad_key, "did you mean 'rounds'"), (bad_syntax, "not valid YAML")):
+        assert main(["run", "--config", str(path), "--out", str(tmp_path / "x")]) == 2
+        assert expected in capsys.readouterr().err
+    assert not (tmp_path / "x").exists()
+
+
+def test_existing_run_directory_is_not_overwritten(toy_overrides, tmp_path, capsys):
+    out = tmp_path / "done"
+    out.mkdir()
+    (out / "summary.json").write_text("{}")
+    assert main(["run", "--backend", "local", "--out", str(out)] + _flags(toy_overrides)) == 2
+    assert "already holds a run" in capsys.readouterr().err
+
+
+def test_unreachable_address_subprocess(toy_overrides, tmp_path):
+    """A real process: one line on stderr, exit code 2, no traceback, no run directory."""
+    out = tmp_path / "never"
+    proc = subprocess.run(
+        [sys.executable, "-m", "experiments.cli", "run", "--address", "127.0.0.1:1", "--out", str(out),
+         ] + _flags(toy_overrides),
+        capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1].startswith("fedsim: error: cannot reach a Ray cluster at 127.0.0.1:1")
+    assert not out.exists()
+
+
+def test_unreachable_address_message(toy_overrides, tmp_path, capsys):
+    from actors.backend import _check_reachable
+    from fedsim.errors import UserError
+
+    with pytest.raises(UserError, match="cannot reach a Ray cluster at 127.0.0.1:1"):
+        _check_reachable("127.0.0.1:1")
+    with pytest.raises(UserError, match="bad cluster address"):
+        _check_reachable("nonsense")
