@@ -62,7 +62,7 @@ class MethodConfig:
 
 @dataclass(frozen=True)
 class RunConfig:
-    rounds: int = 10
+    rounds: int = 20
     seed: int = 0
     backend: str = "ray"  # "ray" or "local"
     address: Optional[str] = None  # None: fresh local Ray cluster; "auto" or host:port joins one

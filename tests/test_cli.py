@@ -124,3 +124,17 @@ def test_unreachable_address_message(toy_overrides, tmp_path, capsys):
         _check_reachable("127.0.0.1:1")
     with pytest.raises(UserError, match="bad cluster address"):
         _check_reachable("nonsense")
+
+
+def test_digits_end_to_end_on_both_backends(tmp_path_factory, ray_cluster):
+    """The embedded benchmark through the CLI: Ray client actors build their own digits data."""
+    cache = tmp_path_factory.mktemp("digits-cache")
+    out = tmp_path_factory.mktemp("digits-runs")
+    summaries = {}
+    for backend in ("local", "ray"):
+        args = ["run", "-q", "--backend", backend, "--target", "usps", "--rounds", "1", "--out", str(out / backend),
+                "--set", "data.max_train_per_domain=100", "--set", f"data.cache_dir={cache}"]
+        assert main(args) == 0
+        summaries[backend] = json.loads((out / backend / "summary.json").read_text())
+    assert summaries["local"]["target_accuracy"] == summaries["ray"]["target_accuracy"]
+    assert set(summaries["ray"]["source_accuracy"]) == {"mnist", "mnistm", "synth"}

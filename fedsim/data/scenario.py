@@ -66,12 +66,8 @@ def get_benchmark(data_config) -> Benchmark:
 
 @functools.lru_cache(maxsize=16)
 def get_domain(data_config, domain: str) -> Domain:
-    loaded = get_benchmark(data_config).load(domain)
-    limit = data_config.max_train_per_domain
-    if limit is not None and len(loaded.train_y) > limit:
-        keep = np.sort(numpy_rng(data_config.seed, domain, "subsample").permutation(len(loaded.train_y))[:limit])
-        loaded = Domain(loaded.name, loaded.train_x[keep], loaded.train_y[keep], loaded.test_x, loaded.test_y, loaded.num_classes)
-    return loaded
+    """One domain of the configured benchmark (benchmarks apply ``max_train_per_domain`` themselves)."""
+    return get_benchmark(data_config).load(domain)
 
 
 def _partition(labels: np.ndarray, num_clients: int, data_config, domain: str, part: str, skew: bool) -> list[np.ndarray]:

@@ -7,8 +7,10 @@ from __future__ import annotations
 
 from fedsim.errors import UserError
 from fedsim.models.classifier import Classifier
-from fedsim.models import cnn, mlp  # noqa: F401  (registration)
+from fedsim.discovery import import_submodules
 from fedsim.registry import MODELS
+
+import_submodules(__name__)  # every model file registers itself
 
 
 def build_model(model_config, input_shape: tuple[int, ...], num_classes: int) -> Classifier:
