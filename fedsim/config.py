@@ -225,6 +225,9 @@ def build_config(raw: dict) -> ExperimentConfig:
     params_cls = getattr(method_cls, "Params", NoParams)
     common = {f.name for f in fields(MethodConfig)} - {"params"}
     params_valid = [f.name for f in fields(params_cls)]
+    clash = sorted(common & set(params_valid))
+    if clash:
+        raise TypeError(f"{method_cls.__name__}.Params redefines common method keys {clash}: use the common ones")
     params_raw = {k: method_raw.pop(k) for k in list(method_raw) if k not in common}
     for key in params_raw:
         if key not in params_valid:

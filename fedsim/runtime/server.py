@@ -13,20 +13,27 @@ log = logging.getLogger(__name__)
 
 
 def summarize_evaluation(federation: Federation, replies: dict[int, Reply]) -> dict:
-    """Pool correct/total counts per domain: target accuracy and per-domain source accuracy."""
-    per_domain: dict[str, list[float]] = {}
-    for cid, reply in replies.items():
-        counts = per_domain.setdefault(federation.info(cid).domain, [0.0, 0.0, 0.0])
-        counts[0] += reply.metrics["correct"]
-        counts[1] += reply.metrics["total"]
-        counts[2] += reply.metrics.get("loss_sum", 0.0)
-    accuracy = {d: c[0] / c[1] for d, c in per_domain.items() if c[1] > 0}
-    sources = {d: accuracy[d] for d in federation.source_domains if d in accuracy}
-    metrics = {"source_accuracy": sources}
-    if sources:
-        metrics["mean_source_accuracy"] = float(np.mean(list(sources.values())))
-    if federation.target in accuracy:
-        metrics["target_accuracy"] = accuracy[federation.target]
+    """Pool correct/total counts per domain: target accuracy and per-domain source accuracy.
+
+    A method reporting several predictors sends ``correct_<name>`` next to
+    ``correct``; they become ``target_accuracy_<name>`` and ``source_accuracy_<name>``.
+    """
+    variants = sorted({k[len("correct_"):] for r in replies.values() for k in r.metrics if k.startswith("correct_")})
+    metrics: dict = {}
+    for suffix in [""] + [f"_{v}" for v in variants]:
+        correct: dict[str, float] = {}
+        total: dict[str, float] = {}
+        for cid, reply in replies.items():
+            domain = federation.info(cid).domain
+            correct[domain] = correct.get(domain, 0.0) + reply.metrics[f"correct{suffix}"]
+            total[domain] = total.get(domain, 0.0) + reply.metrics["total"]
+        accuracy = {d: correct[d] / total[d] for d in correct if total[d] > 0}
+        sources = {d: accuracy[d] for d in federation.source_domains if d in accuracy}
+        metrics[f"source_accuracy{suffix}"] = sources
+        if sources:
+            metrics[f"mean_source_accuracy{suffix}"] = float(np.mean(list(sources.values())))
+        if federation.target in accuracy:
+            metrics[f"target_accuracy{suffix}"] = accuracy[federation.target]
     return metrics
 
 

@@ -1,0 +1,180 @@
+"""Dataset dictionary learning (DaDiL) building blocks shared by ``feddadil`` and ``dadil``.
+
+Montesuma, Mboula, Souloumiac, "Multi-Source Domain Adaptation through Dataset
+Dictionary Learning in Wasserstein Space", ECAI 2023 (DaDiL); federated form:
+Castellon, Montesuma et al., "Federated Dataset Dictionary Learning for
+Multi-Source Domain Adaptation", ICASSP 2024 (FedDaDiL).
+
+A dictionary is K atoms, each n labeled samples (features X_k, soft labels
+softmax(L_k)). A domain l is modelled by the labeled barycenter B(alpha_l; P)
+and the loss of one mini-batch is (DaDiL Eq. 9)
+
+    W_c(Q_l, B(alpha_l; P)),  c((x, y), (x', y')) = ||x - x'||^2 + beta ||y - y'||^2
+
+for a labeled domain, and the feature-only W_2 for the unlabeled target.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+import torch
+from torch import nn
+
+from fedsim.ot import labeled_barycenter, project_simplex, wasserstein_distance
+
+
+@dataclass(frozen=True)
+class DictionaryParams:
+    """Parameters shared by FedDaDiL and DaDiL (names follow the papers)."""
+
+    num_atoms: int = 0  # K; 0 = one atom per domain (the papers' usual choice)
+    samples_per_atom: int = 256  # n
+    lr_atoms: float = 0.05  # Adam step on atom features and label logits
+    lr_alpha: float = 0.01  # Adam step on barycentric coordinates, then projection on the simplex
+    beta: float = 0.0  # label-cost weight; 0 = the largest feature cost of the batch (a fixed rule, not tuned)
+    aggregation: str = "random"  # "random" (the paper's rule: one client's version) or "avg"
+    solver: str = "emd"  # "emd" (exact), "sinkhorn", "sinkhorn_log"
+    reg: float = 0.01  # entropic regularization (on a max-normalized cost) for sinkhorn solvers
+    barycenter_iterations: int = 5
+    encoder_rounds: int = -1  # FedAvg rounds that train an encoder first; -1 = 0 for vectors, 5 for images
+    classifier_steps: int = 300  # full-batch Adam steps of the DaDiL-R / DaDiL-E classifiers
+    classifier_hidden: int = 64  # 0 = linear classifier
+
+
+def validate_params(p: DictionaryParams, batch_size: int) -> None:
+    """``batch_size`` is the common ``method.batch_size``: DaDiL's n_b (atoms and client data per step)."""
+    from fedsim.errors import UserError
+
+    if p.aggregation not in ("random", "avg"):
+        raise UserError(f"method.aggregation must be 'random' or 'avg', got {p.aggregation!r}")
+    if p.solver not in ("emd", "sinkhorn", "sinkhorn_log"):
+        raise UserError(f"method.solver must be 'emd', 'sinkhorn' or 'sinkhorn_log', got {p.solver!r}")
+    for name in ("samples_per_atom", "barycenter_iterations", "classifier_steps"):
+        if getattr(p, name) <= 0:
+            raise UserError(f"method.{name} must be positive, got {getattr(p, name)}")
+    if batch_size > p.samples_per_atom:
+        raise UserError(f"method.batch_size ({batch_size}) cannot exceed method.samples_per_atom ({p.samples_per_atom})")
+    if p.num_atoms < 0 or p.lr_atoms <= 0 or p.lr_alpha <= 0 or p.reg <= 0:
+        raise UserError("method.num_atoms must be >= 0 and method.lr_atoms, lr_alpha, reg must be positive")
+
+
+def num_atoms(p: DictionaryParams, num_domains: int) -> int:
+    return p.num_atoms or num_domains
+
+
+def init_atoms(k: int, n: int, dim: int, classes: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Atoms drawn from N(0, I) with balanced classes (label logits favour each sample's class).
+
+    Data-independent on purpose: the server never sees client data.
+    """
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(k, n, dim)).astype(np.float32)
+    labels = np.stack([rng.permutation(np.arange(n) % classes) for _ in range(k)])
+    logits = np.zeros((k, n, classes), np.float32)
+    np.put_along_axis(logits, labels[..., None], 3.0, axis=2)
+    return x, logits
+
+
+def label_weight(p: DictionaryParams, xa: torch.Tensor, xb: torch.Tensor) -> float:
+    if p.beta > 0:
+        return p.beta
+    return float(torch.cdist(xa.detach(), xb.detach()).pow(2).max().clamp_min(1e-12))
+
+
+def barycenter(atoms_x: torch.Tensor, atoms_logits: torch.Tensor, alpha: torch.Tensor, p: DictionaryParams):
+    """B(alpha; P) with the atoms' soft labels carried along (support = atoms' size)."""
+    soft = torch.softmax(atoms_logits, dim=-1)
+    beta = label_weight(p, atoms_x[0], atoms_x[-1])
+    return labeled_barycenter(
+        list(atoms_x), list(soft), alpha, n_iter=p.barycenter_iterations, beta=beta, solver=p.solver, reg=p.reg
+    )
+
+
+def dil_loss(atoms_x, atoms_logits, alpha, x, y_onehot: Optional[torch.Tensor], p: DictionaryParams) -> torch.Tensor:
+    """One domain's mini-batch loss: W_c to its barycenter (features only when y is None)."""
+    xb, yb = barycenter(atoms_x, atoms_logits, alpha, p)
+    if y_onehot is None:
+        return wasserstein_distance(x, xb, solver=p.solver, reg=p.reg)
+    return wasserstein_distance(x, xb, y_onehot, yb, beta=label_weight(p, x, xb), solver=p.solver, reg=p.reg)
+
+
+def dictionary_step_tensors(atoms_x: np.ndarray, atoms_logits: np.ndarray):
+    """Trainable copies of an atom batch (the client clones what the server sent)."""
+    x = torch.tensor(np.asarray(atoms_x), requires_grad=True)
+    logits = torch.tensor(np.asarray(atoms_logits), requires_grad=True)
+    return x, logits
+
+
+def alpha_step(alpha: torch.Tensor) -> None:
+    """Project the barycentric coordinates back on the simplex after a gradient step (in place)."""
+    with torch.no_grad():
+        alpha.copy_(project_simplex(alpha))
+
+
+def batches(n: int, batch_size: int, generator: torch.Generator):
+    order = torch.randperm(n, generator=generator)
+    for start in range(0, n, batch_size):
+        chunk = order[start : start + batch_size]
+        if len(chunk) >= 2:
+            yield chunk
+
+
+def atom_drift(versions: list[tuple[np.ndarray, np.ndarray]], p: DictionaryParams) -> float:
+    """Dispersion of the clients' atom versions before aggregation.
+
+    Mean over client pairs (i, j) and atoms k of W_c(P_k^(i), P_k^(j)) under the
+    joint cost; 0 when every client returned the same atoms.
+    """
+    if len(versions) < 2:
+        return 0.0
+    total, count = 0.0, 0
+    for i in range(len(versions)):
+        for j in range(i + 1, len(versions)):
+            xi, li = (torch.from_numpy(np.asarray(a)) for a in versions[i])
+            xj, lj = (torch.from_numpy(np.asarray(a)) for a in versions[j])
+            for k in range(xi.shape[0]):
+                yi, yj = torch.softmax(li[k], -1), torch.softmax(lj[k], -1)
+                beta = label_weight(p, xi[k], xj[k])
+                total += float(wasserstein_distance(xi[k], xj[k], yi, yj, beta=beta, solver="emd"))
+                count += 1
+    return total / count
+
+
+def fit_classifier(x: torch.Tensor, y_soft: torch.Tensor, p: DictionaryParams, seed: int) -> nn.Module:
+    """A small classifier trained full-batch on soft labels (cross-entropy to the label distribution)."""
+    torch.manual_seed(seed)
+    dim, classes = x.shape[1], y_soft.shape[1]
+    if p.classifier_hidden > 0:
+        model = nn.Sequential(nn.Linear(dim, p.classifier_hidden), nn.ReLU(), nn.Linear(p.classifier_hidden, classes))
+    else:
+        model = nn.Linear(dim, classes)
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
+    x, y_soft = x.detach(), y_soft.detach()
+    for _ in range(p.classifier_steps):
+        optimizer.zero_grad(set_to_none=True)
+        loss = -(y_soft * torch.log_softmax(model(x), dim=1)).sum(1).mean()
+        loss.backward()
+        optimizer.step()
+    return model.eval()
+
+
+@torch.no_grad()
+def predict_reconstruction(atoms_x, atoms_logits, alpha, x_test, p: DictionaryParams, seed: int) -> torch.Tensor:
+    """DaDiL-R: a classifier trained on the labeled reconstruction B(alpha; P), applied to x_test."""
+    with torch.enable_grad():
+        xb, yb = barycenter(atoms_x, atoms_logits, alpha, p)
+        model = fit_classifier(xb, yb, p, seed)
+    return model(x_test).argmax(1)
+
+
+@torch.no_grad()
+def predict_ensemble(atoms_x, atoms_logits, alpha, x_test, p: DictionaryParams, seed: int) -> torch.Tensor:
+    """DaDiL-E: per-atom classifiers, their class probabilities weighted by alpha."""
+    probabilities = 0.0
+    for k in range(atoms_x.shape[0]):
+        with torch.enable_grad():
+            model = fit_classifier(atoms_x[k], torch.softmax(atoms_logits[k], -1), p, seed + k)
+        probabilities = probabilities + alpha[k] * torch.softmax(model(x_test), 1)
+    return probabilities.argmax(1)

@@ -1,0 +1,40 @@
+"""Euclidean projection onto the probability simplex.
+
+Sort-based algorithm of Duchi, Shalev-Shwartz, Singer & Chandra (ICML 2008),
+"Efficient Projections onto the l1-Ball for Learning in High Dimensions", Fig. 1.
+DaDiL (Montesuma et al., 2023) uses it to keep the barycentric coordinates
+alpha in the K-simplex after each gradient step (projected gradient descent).
+"""
+from __future__ import annotations
+
+import torch
+
+
+def project_simplex(v: torch.Tensor, radius: float = 1.0) -> torch.Tensor:
+    """Project ``v`` onto {w : w >= 0, sum(w) = radius} in the Euclidean norm.
+
+    ``v`` is a 1-D tensor (one vector) or a 2-D tensor (each row projected on
+    its own). With u = sort(v) descending and rho the largest j such that
+    u_j - (sum_{r<=j} u_r - radius) / j > 0, the projection is
+    max(v - theta, 0) with theta = (sum_{r<=rho} u_r - radius) / rho
+    (Duchi et al. 2008, Fig. 1). Dtype and device of ``v`` are kept
+    (integer input is cast to the default float dtype).
+    """
+    v = torch.as_tensor(v)
+    if v.dim() not in (1, 2):
+        raise ValueError(f"project_simplex expects a 1-D or 2-D tensor, got shape {tuple(v.shape)}")
+    if v.shape[-1] == 0:
+        raise ValueError("project_simplex got an empty vector: the simplex needs at least one coordinate")
+    if radius <= 0:
+        raise ValueError(f"project_simplex radius must be positive, got {radius}")
+    if not torch.is_floating_point(v):
+        v = v.to(torch.get_default_dtype())
+    rows = v.unsqueeze(0) if v.dim() == 1 else v
+    u, _ = torch.sort(rows, dim=-1, descending=True)
+    css = torch.cumsum(u, dim=-1) - radius
+    ind = torch.arange(1, rows.shape[-1] + 1, dtype=rows.dtype, device=rows.device)
+    cond = (u - css / ind) > 0  # true on a prefix, always at index 0
+    rho = cond.sum(dim=-1, keepdim=True) - 1
+    theta = css.gather(-1, rho) / (rho + 1).to(rows.dtype)
+    w = torch.clamp(rows - theta, min=0)
+    return w.squeeze(0) if v.dim() == 1 else w
