@@ -36,6 +36,9 @@ class DataConfig:
     root: Optional[str] = None  # folder of user files (npz, real-file loaders)
     cache_dir: str = field(default_factory=default_cache_dir)
     max_train_per_domain: Optional[int] = None  # subsample for quick runs
+    sources: tuple[str, ...] = ()  # source domains; empty = every domain but the target
+    normalization: str = "auto"  # "auto" (the benchmark's default), "none", "federated", "per-domain"
+    variant: str = "default"  # benchmark-specific variant (e.g. the TEP class list)
 
 
 @dataclass(frozen=True)
@@ -278,6 +281,8 @@ def validate(config: ExperimentConfig) -> None:
         (config.method.lr > 0, f"method.lr must be positive, got {config.method.lr}"),
         (config.data.clients_per_domain > 0, f"data.clients_per_domain must be positive, got {config.data.clients_per_domain}: pass --clients-per-domain 1 or more"),
         (config.data.partition in ("iid", "dirichlet"), f"data.partition must be 'iid' or 'dirichlet', got {config.data.partition!r}"),
+        (config.data.normalization in ("auto", "none", "federated", "per-domain"), f"data.normalization must be auto, none, federated or per-domain, got {config.data.normalization!r}"),
+        (config.data.target not in config.data.sources, f"data.sources must not contain the target {config.data.target!r}"),
         (config.data.dirichlet_alpha > 0, f"data.dirichlet_alpha must be positive, got {config.data.dirichlet_alpha}"),
         (config.run.backend in ("ray", "local"), f"run.backend must be 'ray' or 'local', got {config.run.backend!r}: pass --backend ray or --backend local"),
         (config.run.eval_every > 0, f"run.eval_every must be positive, got {config.run.eval_every}"),

@@ -38,6 +38,9 @@ class Benchmark(ABC):
     in every process, because Ray client actors rebuild their own data.
     """
 
+    #: normalization used when ``data.normalization`` is "auto" (see fedsim.data.normalization)
+    default_normalization: str = "none"
+
     def __init__(self, data_config):
         self.config = data_config
 

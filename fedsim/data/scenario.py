@@ -102,6 +102,11 @@ def build_federation(data_config) -> Federation:
     domains = tuple(benchmark.domains())
     if data_config.target not in domains:
         raise UserError(unknown_name_message(f"target domain of benchmark {data_config.benchmark!r}", data_config.target, list(domains), "--target"))
+    for source in data_config.sources:
+        if source not in domains:
+            raise UserError(unknown_name_message(f"source domain of benchmark {data_config.benchmark!r}", source, list(domains), "--set data.sources=a,b"))
+    if data_config.sources:
+        domains = tuple(d for d in domains if d == data_config.target or d in data_config.sources)
     if len(domains) < 2:
         raise UserError(f"benchmark {data_config.benchmark!r} has only {len(domains)} domain(s): a source and a target are needed")
     clients = []
@@ -119,6 +124,13 @@ def build_federation(data_config) -> Federation:
             role = "target" if domain == data_config.target else "source"
             clients.append(ClientInfo(len(clients), domain, role, len(train_idx), len(test_idx)))
     return Federation(data_config.benchmark, data_config.target, domains, tuple(clients), tuple(shape), classes)
+
+
+def resolve_normalization(data_config) -> str:
+    """``data.normalization``, with "auto" replaced by the benchmark's default."""
+    if data_config.normalization != "auto":
+        return data_config.normalization
+    return get_benchmark(data_config).default_normalization
 
 
 def load_client_data(data_config, federation: Federation, client_id: int) -> ClientData:

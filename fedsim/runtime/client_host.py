@@ -12,8 +12,14 @@ from typing import Any, Iterable
 
 import torch
 
+from fedsim.data import normalization
+from fedsim.data.base import ArraySplit, ClientData
 from fedsim.data.scenario import Federation, load_client_data
 from fedsim.messages import Instruction, Reply
+
+#: operations the host answers itself, for every method: the federated standardization protocol
+DATA_STATS = "data_stats"
+DATA_STANDARDIZE = "data_standardize"
 
 log = logging.getLogger(__name__)
 
@@ -55,12 +61,28 @@ class ClientHost:
 
     def execute(self, client_id: int, instruction: Instruction) -> Reply:
         data = self._client(client_id)
+        if instruction.operation in (DATA_STATS, DATA_STANDARDIZE):
+            return self._standardization(client_id, data, instruction)
         operation = self.method.operation(instruction.operation)
         with torch_threads(self.threads):
             reply, self._state[client_id] = operation(instruction, self._state[client_id], data)
         if not isinstance(reply, Reply) or reply.client_id != client_id:
             raise TypeError(f"{type(self.method).__name__}.{instruction.operation} must return Reply(client_id={client_id}, ...)")
         return reply
+
+    def _standardization(self, client_id: int, data: ClientData, instruction: Instruction) -> Reply:
+        """Shared standardization from sums (no raw rows leave), or each client by its own statistics."""
+        if instruction.operation == DATA_STATS:
+            stats = normalization.feature_stats(data.train.x)
+            return Reply(client_id, stats.to_tensors(), {}, num_examples=len(data.train))
+        if instruction.config.get("own_statistics"):
+            mean, std = normalization.mean_std(normalization.feature_stats(data.train.x))
+        else:
+            mean, std = instruction.tensors["mean"], instruction.tensors["std"]
+        train = ArraySplit(normalization.standardize(data.train.x, mean, std), data.train.y)
+        test = ArraySplit(normalization.standardize(data.test.x, mean, std), data.test.y)
+        self._data[client_id] = ClientData(data.client_id, data.domain, data.role, train, test, data.num_classes)
+        return Reply(client_id, {}, {}, num_examples=len(data.train))
 
     def private_state(self, client_id: int) -> Any:
         """For tests and checkpoints: the client's private state (never sent to the server)."""

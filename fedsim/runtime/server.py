@@ -49,9 +49,34 @@ class Server:
         self.method = METHODS.get(config.method.name)(config, federation, device="cpu")
         self.state = self.method.init_server()
 
+    def standardize_clients(self) -> None:
+        """Before round 1: the data standardization of ``data.normalization`` (its bytes count in round 1).
+
+        ``federated``: clients send (count, sum, sum of squares) of their training
+        inputs, the server combines them into one mean/std and sends it back.
+        ``per-domain``: each client standardizes by its own statistics (nothing sent).
+        """
+        from fedsim.data import normalization
+        from fedsim.data.scenario import resolve_normalization
+        from fedsim.messages import Instruction
+        from fedsim.runtime.client_host import DATA_STANDARDIZE, DATA_STATS
+
+        how = resolve_normalization(self.config.data)
+        clients = self.federation.client_ids
+        if how == "federated":
+            replies = self.executor.run({cid: Instruction(DATA_STATS) for cid in clients})
+            stats = normalization.combine_stats(normalization.FeatureStats.from_tensors(r.tensors) for r in replies.values())
+            mean, std = normalization.mean_std(stats)
+            shared = {"mean": mean.astype(np.float32), "std": std.astype(np.float32)}
+            self.executor.run({cid: Instruction(DATA_STANDARDIZE, shared) for cid in clients})
+        elif how == "per-domain":
+            self.executor.run({cid: Instruction(DATA_STANDARDIZE, {}, {"own_statistics": True}) for cid in clients})
+
     def run_round(self, rnd: int, evaluate: bool) -> dict:
         started = time.perf_counter()
         sent, received = self.executor.bytes_sent, self.executor.bytes_received
+        if rnd == 1:
+            self.standardize_clients()
         self.state, metrics = self.method.run_round(rnd, self.state, self.executor)
         metrics = {"round": rnd, **metrics}
         if evaluate:
