@@ -72,6 +72,12 @@ class Method:
     def configure_evaluate(self, rnd: int, state: ServerState) -> dict[int, Instruction]:
         raise NotImplementedError
 
+    def summarize_evaluation(self, rnd: int, replies: Replies) -> dict:
+        """Evaluation replies -> round metrics (default: pooled accuracy per domain; detection overrides it)."""
+        from fedsim.runtime.server import summarize_evaluation
+
+        return summarize_evaluation(self.federation, replies)
+
     def global_tensors(self, state: ServerState) -> dict:
         """The tensors that define the global model (compared across backends in tests)."""
         return dict(state.get("weights", {}))

@@ -81,7 +81,8 @@ class Server:
         metrics = {"round": rnd, **metrics}
         if evaluate:
             replies = self.executor.run(self.method.configure_evaluate(rnd, self.state))
-            metrics.update(summarize_evaluation(self.federation, replies))
+            metrics.update(self.method.summarize_evaluation(rnd, replies))
+            metrics["evaluated"] = True
         metrics["bytes_sent"] = self.executor.bytes_sent - sent
         metrics["bytes_received"] = self.executor.bytes_received - received
         metrics["round_seconds"] = time.perf_counter() - started

@@ -86,8 +86,10 @@ class Simulator:
         return summary
 
     def summary(self, wall_seconds: float) -> dict:
-        last_evaluated = next(m for m in reversed(self.history) if "source_accuracy" in m)
+        last_evaluated = next(m for m in reversed(self.history) if m.get("evaluated"))
+        extra = {k: v for k, v in last_evaluated.items() if k.startswith(("target_accuracy_", "source_accuracy_", "final_"))}
         return {
+            **extra,
             "method": self.config.method.name,
             "benchmark": self.config.data.benchmark,
             "target": self.config.data.target,
@@ -95,7 +97,7 @@ class Simulator:
             "seed": self.config.run.seed,
             "rounds": len(self.history),
             "target_accuracy": last_evaluated.get("target_accuracy"),
-            "source_accuracy": last_evaluated["source_accuracy"],
+            "source_accuracy": last_evaluated.get("source_accuracy", {}),
             "bytes_sent": int(sum(m["bytes_sent"] for m in self.history)),
             "bytes_received": int(sum(m["bytes_received"] for m in self.history)),
             "wall_seconds": round(wall_seconds, 3),
