@@ -71,6 +71,7 @@ class RunConfig:
     address: Optional[str] = None  # None: fresh local Ray cluster; "auto" or host:port joins one
     out: Optional[str] = None
     eval_every: int = 1
+    clients_per_round: Optional[float] = None  # None: all; an integer >= 1: that many; a fraction in (0, 1): that share
     early_stop_patience: Optional[int] = None  # rounds without source-accuracy gain; never uses target labels
     tensorboard: bool = True
     progress: bool = True
@@ -285,6 +286,7 @@ def validate(config: ExperimentConfig) -> None:
         (config.data.target not in config.data.sources, f"data.sources must not contain the target {config.data.target!r}"),
         (config.data.dirichlet_alpha > 0, f"data.dirichlet_alpha must be positive, got {config.data.dirichlet_alpha}"),
         (config.run.backend in ("ray", "local"), f"run.backend must be 'ray' or 'local', got {config.run.backend!r}: pass --backend ray or --backend local"),
+        (config.run.clients_per_round is None or config.run.clients_per_round > 0, f"run.clients_per_round must be positive, got {config.run.clients_per_round}: pass a count or a fraction"),
         (config.run.eval_every > 0, f"run.eval_every must be positive, got {config.run.eval_every}"),
         (config.resources.cpus_per_client > 0, f"resources.cpus_per_client must be positive, got {config.resources.cpus_per_client}: pass --cpus-per-client 0.5 or more"),
         (config.resources.gpus_per_client >= 0, f"resources.gpus_per_client must be 0 or more, got {config.resources.gpus_per_client}"),

@@ -106,3 +106,16 @@ def test_fedavg_target_client_only_evaluates(toy_overrides):
 def test_only_declared_centralized_methods_upload_data():
     declared = [name for name in METHODS.names() if getattr(METHODS.get(name), "centralized", False)]
     assert all(name in ("dadil",) or name.startswith("centralized") for name in declared)
+
+
+def test_clients_per_round_samples_deterministically(toy_overrides):
+    config = load_config(None, toy_overrides + ["data.clients_per_domain=5", "run.clients_per_round=3"])
+    federation = build_federation(config.data)
+    method = METHODS.get("fedavg")(config, federation)
+    state = {"weights": {"w": np.zeros(1)}}
+    chosen = [sorted(method.configure_round(r, state)) for r in (1, 2, 3)]
+    assert all(len(c) == 3 and set(c) <= set(federation.source_ids) for c in chosen)
+    assert chosen == [sorted(method.configure_round(r, state)) for r in (1, 2, 3)]
+    assert len({tuple(c) for c in chosen}) > 1, "different rounds sample different clients"
+    half = METHODS.get("fedavg")(load_config(None, toy_overrides + ["data.clients_per_domain=5", "run.clients_per_round=0.5"]), federation)
+    assert len(half.configure_round(1, state)) == 5

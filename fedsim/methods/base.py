@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, ClassVar, Mapping
 
+import numpy as np
 import torch
 
 from fedsim.config import ExperimentConfig, NoParams
@@ -38,6 +39,9 @@ class Method:
 
     Params: ClassVar[type] = NoParams
     operations: ClassVar[tuple[str, ...]] = ("fit", "evaluate")
+    #: client-state keys that are caches rebuilt on demand (e.g. a model shared by the clients of a
+    #: process), not private state: checkpoints and actor recovery leave them out
+    transient_state_keys: ClassVar[tuple[str, ...]] = ("model",)
 
     def __init__(self, config: ExperimentConfig, federation: Federation, device: str = "cpu"):
         self.config = config
@@ -49,6 +53,17 @@ class Method:
     def client_seed(self, rnd: int, client_id: int, operation: str) -> int:
         """Seed of one client operation in one round, independent of scheduling."""
         return derive_seed(self.config.run.seed, rnd, client_id, operation)
+
+    def sample_clients(self, rnd: int, candidates: list[int]) -> list[int]:
+        """The clients that work in round ``rnd`` (``run.clients_per_round``), drawn from the seed alone."""
+        wanted = self.config.run.clients_per_round
+        if wanted is None:
+            return list(candidates)
+        count = int(wanted) if wanted >= 1 else max(1, round(wanted * len(candidates)))
+        if count >= len(candidates):
+            return list(candidates)
+        rng = np.random.default_rng(derive_seed(self.config.run.seed, rnd, "sample-clients"))
+        return sorted(int(c) for c in rng.choice(np.asarray(candidates), count, replace=False))
 
     def operation(self, name: str) -> Callable[[Instruction, Any, ClientData], tuple[Reply, Any]]:
         if name not in self.operations:

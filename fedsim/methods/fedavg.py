@@ -34,7 +34,7 @@ class FedAvg(Method):
         weights = state["weights"]  # one dict shared by all instructions: serialized once
         return {
             cid: Instruction("fit", weights, {"seed": self.client_seed(rnd, cid, "fit"), "round": rnd})
-            for cid in self.federation.source_ids
+            for cid in self.sample_clients(rnd, self.federation.source_ids)
         }
 
     def aggregate(self, rnd: int, state: ServerState, replies: Replies) -> tuple[ServerState, dict]:
@@ -47,8 +47,14 @@ class FedAvg(Method):
         return {cid: Instruction("evaluate", weights, {"round": rnd}) for cid in self.federation.client_ids}
 
     # ---- client half ------------------------------------------------------
+    def shared_model(self):
+        """One model per process, shared by every client hosted there: weights are reloaded before each use."""
+        if getattr(self, "_shared_model", None) is None:
+            self._shared_model = self.build_model().to(self.device)
+        return self._shared_model
+
     def init_client(self, data: ClientData) -> Any:
-        return {"model": self.build_model().to(self.device)}  # reused across rounds; weights reloaded each time
+        return {"model": self.shared_model()}  # "model" is transient (see Method.transient_state_keys)
 
     def local_objective(self, instruction: Instruction):
         """Extra term added to the local loss (none for FedAvg; FedProx adds its proximal term)."""

@@ -92,9 +92,9 @@ class FedDaDiL(FedAvg):
         idx = self.atom_batch(rnd)
         payload = {"atoms_x": state["atoms_x"][:, idx], "atoms_logits": state["atoms_logits"][:, idx]}
         payload.update(self.first_dictionary_payload(rnd, state, executor))
-        instructions = {
-            cid: Instruction("dil", payload, {"seed": self.client_seed(rnd, cid, "dil"), "round": rnd}) for cid in self.federation.client_ids
-        }
+        # the first dictionary round reaches every client (encoder weights, standardization); then a sample
+        working = self.federation.client_ids if "weights" in payload else self.sample_clients(rnd, self.federation.client_ids)
+        instructions = {cid: Instruction("dil", payload, {"seed": self.client_seed(rnd, cid, "dil"), "round": rnd}) for cid in working}
         replies = executor.run(instructions)
         versions = [(r.tensors["atoms_x"], r.tensors["atoms_logits"]) for r in replies.values()]
         new_x, new_logits = self.aggregate_atoms(rnd, versions)
