@@ -1,0 +1,180 @@
+"""FedDANN / FedMMD: the target-feature exchange, the shared payload, privacy of the discriminator, backends."""
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from experiments.run import run_experiment
+from fedsim.config import ModelConfig, load_config
+from fedsim.data.scenario import build_federation, load_client_data
+from fedsim.errors import UserError
+from fedsim.losses import DANNLoss, MMDLoss
+from fedsim.methods._feature_alignment import TARGET_FEATURES, FeatureAlignment, encode_subset
+from fedsim.methods.feddann import FedDANN
+from fedsim.methods.fedmmd import FedMMD
+from fedsim.models import build_model
+from fedsim.registry import METHODS
+from fedsim.runtime import LocalExecutor, Server
+from fedsim.seeding import numpy_rng
+
+
+class RecordingExecutor(LocalExecutor):
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.calls = []  # one (instructions, replies) pair per executor.run
+
+    def _dispatch(self, instructions):
+        replies = super()._dispatch(instructions)
+        self.calls.append((instructions, replies))
+        return replies
+
+
+def setup(toy_overrides, method_name, *extra):
+    config = load_config(None, toy_overrides + [f"method.name={method_name}", *extra])
+    federation = build_federation(config.data)
+    executor = RecordingExecutor(config, federation)
+    return config, federation, executor, METHODS.get(method_name)(config, federation)
+
+
+def test_target_replies_to_features_with_encoded_features_only(toy_overrides):
+    config, federation, executor, method = setup(toy_overrides, "feddann", "method.target_batch=20")
+    state = method.init_server()
+    instructions = method.configure_features(1, state)
+    assert sorted(instructions) == federation.target_ids
+    replies = executor.run(instructions)
+    for cid, reply in replies.items():
+        data = load_client_data(config.data, federation, cid)
+        assert data.train.y is None
+        assert set(reply.tensors) == {"features"}
+        features = reply.tensors["features"]
+        assert features.shape == (20, config.model.hidden) and features.dtype == np.float32
+        for raw in (data.train.x, data.test.x):
+            assert features.shape[1:] != raw.shape[1:] and not np.isin(features, raw).any()
+    # seeded: the same round gives the same subset, another round another one; all rows when target_batch is large
+    again = executor.run(method.configure_features(1, state))
+    other = executor.run(method.configure_features(2, state))
+    cid = federation.target_ids[0]
+    assert np.array_equal(again[cid].tensors["features"], replies[cid].tensors["features"])
+    assert not np.array_equal(other[cid].tensors["features"], replies[cid].tensors["features"])
+    _, _, executor, method = setup(toy_overrides, "feddann", "method.target_batch=100000")
+    everything = executor.run(method.configure_features(1, method.init_server()))[cid].tensors["features"]
+    assert len(everything) == federation.info(cid).num_train
+
+
+def test_encode_subset_uses_eval_mode_and_leaves_batch_norm_statistics_alone():
+    torch.manual_seed(0)
+    model = build_model(ModelConfig(name="cnn", hidden=16), (3, 8, 8), 4)
+    x = np.random.default_rng(0).normal(size=(30, 3, 8, 8)).astype(np.float32)
+    with torch.no_grad():  # give the running statistics non-trivial values
+        model.train()
+        model(torch.from_numpy(x) * 3 + 1)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    features = encode_subset(model, x, 10, seed=5, device=torch.device("cpu"))
+    index = np.sort(numpy_rng(5).choice(30, 10, replace=False))
+    model.eval()
+    with torch.no_grad():
+        expected = model.features(torch.from_numpy(x[index])).numpy()
+    np.testing.assert_allclose(features, expected, rtol=1e-6, atol=1e-6)
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+def test_sources_get_one_shared_payload_with_the_target_features(toy_overrides):
+    config, federation, executor, method = setup(toy_overrides, "fedmmd", "method.target_batch=32")
+    state = method.init_server()
+    new_state, metrics = method.run_round(1, state, executor)
+    (feature_instructions, feature_replies), (fit_instructions, fit_replies) = executor.calls
+    assert {ins.operation for ins in feature_instructions.values()} == {"features"}
+    assert sorted(feature_instructions) == federation.target_ids
+    assert sorted(fit_instructions) == federation.source_ids
+    assert {ins.operation for ins in fit_instructions.values()} == {"fit"}
+    payloads = {id(ins.tensors) for ins in fit_instructions.values()}
+    assert len(payloads) == 1, "every source must get the same tensor dict (serialized once)"
+    payload = next(iter(fit_instructions.values())).tensors
+    sent = np.concatenate([feature_replies[cid].tensors["features"] for cid in federation.target_ids])
+    np.testing.assert_array_equal(payload[TARGET_FEATURES], sent)
+    assert set(payload) == set(state["weights"]) | {TARGET_FEATURES}
+    # the discriminator / loss state never leaves a source: replies carry exactly the model weights
+    for reply in fit_replies.values():
+        assert set(reply.tensors) == set(state["weights"])
+        assert {"train_loss", "domain_loss"} <= set(reply.metrics)
+    assert metrics["target_features"] == len(sent)
+    assert set(metrics["domain_loss"]) == {str(c) for c in federation.source_ids}
+
+
+def test_feddann_and_fedmmd_differ_only_by_the_loss_object(toy_overrides):
+    allowed = {"__module__", "__qualname__", "__doc__", "__firstlineno__", "__static_attributes__", "registry_name", "Params", "make_domain_loss"}
+    for cls in (FedDANN, FedMMD):
+        assert cls.__bases__ == (FeatureAlignment,)
+        assert set(vars(cls)) <= allowed, f"{cls.__name__} overrides more than the loss: {set(vars(cls)) - allowed}"
+        assert "features" in cls.operations
+    _, _, _, dann = setup(toy_overrides, "feddann")
+    _, _, _, mmd = setup(toy_overrides, "fedmmd")
+    assert isinstance(dann.make_domain_loss(16), DANNLoss)
+    assert isinstance(mmd.make_domain_loss(16), MMDLoss)
+
+
+@pytest.mark.parametrize("method_name", ["feddann", "fedmmd"])
+def test_zero_domain_weight_reduces_to_fedavg(method_name, toy_overrides):
+    weights = {}
+    for name, extra in (("fedavg", []), (method_name, ["method.lambda_domain=0"])):
+        config = load_config(None, toy_overrides + [f"method.name={name}", *extra])
+        federation = build_federation(config.data)
+        server = Server(config, federation, LocalExecutor(config, federation))
+        server.run_round(1, evaluate=False)
+        weights[name] = server.global_tensors()
+    for key, value in weights["fedavg"].items():
+        np.testing.assert_allclose(weights[method_name][key], value, rtol=1e-5, atol=1e-6)
+
+
+def test_discriminator_stays_private_and_persists_across_rounds(toy_overrides):
+    config, federation, executor, _ = setup(toy_overrides, "feddann")
+    server = Server(config, federation, executor)
+    source = federation.source_ids[0]
+    server.run_round(1, evaluate=False)
+    loss = executor.host.private_state(source)["domain_loss"]
+    after_one = [p.detach().clone() for p in loss.parameters()]
+    server.run_round(2, evaluate=False)
+    assert executor.host.private_state(source)["domain_loss"] is loss
+    assert any(not torch.equal(a, p) for a, p in zip(after_one, loss.parameters()))
+    target = federation.target_ids[0]
+    assert "domain_loss" not in executor.host.private_state(target)
+    with pytest.raises(ValueError, match="labels"):  # the target has no labels to fit on
+        data = load_client_data(config.data, federation, target)
+        server.method.fit(next(iter(executor.calls[1][0].values())), executor.host.private_state(target), data)
+
+
+def test_smoke_domain_loss_finite_and_discriminator_accuracy_reported(toy_overrides, tmp_path):
+    result = run_experiment(load_config(None, toy_overrides + ["method.name=feddann", "run.backend=local", "run.rounds=3"]), tmp_path / "dann")
+    sources = {str(c) for c in result.federation.source_ids}
+    for metrics in result.history:
+        assert set(metrics["domain_loss"]) == sources and set(metrics["discriminator_accuracy"]) == sources
+        assert all(math.isfinite(v) for v in metrics["domain_loss"].values())
+        assert all(0.0 <= v <= 1.0 for v in metrics["discriminator_accuracy"].values())
+    weights = [m["domain_weight"] for m in result.history]
+    assert 0 < weights[0] < weights[1] < weights[2] < 1
+    assert (tmp_path / "dann" / "metrics.jsonl").read_text().count("discriminator_accuracy") == 3
+    mmd = run_experiment(load_config(None, toy_overrides + ["method.name=fedmmd", "run.backend=local", "method.schedule=constant"]))
+    assert all(math.isfinite(v) for m in mmd.history for v in m["domain_loss"].values())
+    assert "discriminator_accuracy" not in mmd.history[-1] and mmd.history[-1]["domain_weight"] == 1.0
+
+
+def test_bad_parameters_are_user_errors(toy_overrides):
+    for bad in ("method.schedule=linear", "method.target_batch=1", "method.lambda_domain=-1"):
+        with pytest.raises(UserError):
+            load_config(None, toy_overrides + ["method.name=feddann", bad])
+    with pytest.raises(UserError):
+        load_config(None, toy_overrides + ["method.name=fedmmd", "method.bandwidths=1,-2"])
+
+
+def test_feddann_local_and_ray_agree(toy_overrides, ray_cluster, tmp_path):
+    results = {}
+    for backend in ("local", "ray"):
+        config = load_config(None, toy_overrides + ["method.name=feddann", f"run.backend={backend}", "run.seed=3"])
+        results[backend] = run_experiment(config, tmp_path / backend)
+    local, ray_ = results["local"], results["ray"]
+    assert local.summary["target_accuracy"] == ray_.summary["target_accuracy"]
+    assert local.summary["bytes_sent"] == ray_.summary["bytes_sent"]
+    assert [m["domain_loss"] for m in local.history] == [m["domain_loss"] for m in ray_.history]
+    for name in local.global_tensors:
+        np.testing.assert_allclose(local.global_tensors[name], ray_.global_tensors[name], rtol=1e-6, atol=1e-7)
