@@ -101,6 +101,26 @@ class RayServerProxy:
     def global_tensors(self) -> dict:
         return ray.get(self.server.global_tensors.remote())
 
+    def export_state(self) -> dict:
+        return ray.get(self.server.export_state.remote())
+
+    def restore_state(self, saved: dict) -> None:
+        ray.get(self.server.restore_state.remote(saved))
+
+    def export_client_states(self) -> dict:
+        """Gathered from the client actors by the driver (for the checkpoint file), never by the server."""
+        merged: dict = {}
+        for states in ray.get([a.export_states.remote() for a in self.client_actors]):
+            merged.update(states)
+        return merged
+
+    def import_client_states(self, states: dict) -> None:
+        calls = []
+        for index, actor in enumerate(self.client_actors):
+            mine = {cid: st for cid, st in states.items() if self.assignment.get(cid) == index}
+            calls.append(actor.import_states.remote(mine))
+        ray.get(calls)
+
     def client_nodes(self) -> list[str]:
         return ray.get([a.node_id.remote() for a in self.client_actors])
 

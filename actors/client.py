@@ -35,6 +35,12 @@ class ClientActor:
             replies.append(self.host.execute(client_id, instruction))
         return replies
 
+    def export_states(self) -> dict:
+        return self.host.export_states()
+
+    def import_states(self, states: dict) -> None:
+        self.host.import_states(states)
+
     def node_id(self) -> str:
         import ray
 

@@ -20,3 +20,9 @@ class ServerActor:
 
     def global_tensors(self) -> dict:
         return self.server.global_tensors()
+
+    def export_state(self) -> dict:
+        return self.server.export_state()
+
+    def restore_state(self, saved: dict) -> None:
+        self.server.restore_state(saved)

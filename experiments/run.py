@@ -21,11 +21,18 @@ class RunResult:
     federation: Federation
 
 
-def run_experiment(config: ExperimentConfig, out_dir: Optional[Path] = None, callbacks=None, num_cpus: Optional[int] = None) -> RunResult:
+def run_experiment(
+    config: ExperimentConfig,
+    out_dir: Optional[Path] = None,
+    callbacks=None,
+    num_cpus: Optional[int] = None,
+    resume: Optional[dict] = None,
+) -> RunResult:
     """Build the scenario, start the backend, run all rounds, shut the backend down.
 
     Everything that can fail on bad input (benchmark, target, data files, the
-    cluster address) is checked before ``out_dir`` is created.
+    cluster address) is checked before ``out_dir`` is created. ``resume`` is a
+    checkpoint (``fedsim.runtime.checkpoint.load_checkpoint``) to continue from.
     """
     federation = build_federation(config.data)
     started_ray = False
@@ -41,7 +48,7 @@ def run_experiment(config: ExperimentConfig, out_dir: Optional[Path] = None, cal
     try:
         if server is None:
             server = RayServerProxy(config, federation)
-        simulator = Simulator(config, server, out_dir, callbacks)
+        simulator = Simulator(config, server, out_dir, callbacks, resume=resume)
         summary = simulator.run()
         tensors = server.global_tensors()
         return RunResult(summary, simulator.history, tensors, federation)

@@ -72,6 +72,7 @@ class RunConfig:
     out: Optional[str] = None
     eval_every: int = 1
     clients_per_round: Optional[float] = None  # None: all; an integer >= 1: that many; a fraction in (0, 1): that share
+    checkpoint_every: int = 5  # rounds between checkpoints (0: none); `fedsim run --resume DIR` continues
     early_stop_patience: Optional[int] = None  # rounds without source-accuracy gain; never uses target labels
     tensorboard: bool = True
     progress: bool = True
@@ -287,6 +288,7 @@ def validate(config: ExperimentConfig) -> None:
         (config.data.dirichlet_alpha > 0, f"data.dirichlet_alpha must be positive, got {config.data.dirichlet_alpha}"),
         (config.run.backend in ("ray", "local"), f"run.backend must be 'ray' or 'local', got {config.run.backend!r}: pass --backend ray or --backend local"),
         (config.run.clients_per_round is None or config.run.clients_per_round > 0, f"run.clients_per_round must be positive, got {config.run.clients_per_round}: pass a count or a fraction"),
+        (config.run.checkpoint_every >= 0, f"run.checkpoint_every must be 0 (off) or positive, got {config.run.checkpoint_every}"),
         (config.run.eval_every > 0, f"run.eval_every must be positive, got {config.run.eval_every}"),
         (config.resources.cpus_per_client > 0, f"resources.cpus_per_client must be positive, got {config.resources.cpus_per_client}: pass --cpus-per-client 0.5 or more"),
         (config.resources.gpus_per_client >= 0, f"resources.gpus_per_client must be 0 or more, got {config.resources.gpus_per_client}"),

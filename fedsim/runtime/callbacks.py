@@ -22,6 +22,13 @@ class Callback:
     def on_run_end(self, simulator, summary: dict) -> None:
         pass
 
+    def state_dict(self) -> dict:
+        """What a checkpoint keeps of this callback (most keep nothing)."""
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        pass
+
 
 def _flatten(metrics: dict, prefix: str = "") -> dict[str, float]:
     flat = {}
@@ -41,7 +48,8 @@ class MetricsFile(Callback):
         self.path = Path(path)
 
     def on_run_start(self, simulator) -> None:
-        self.path.write_text("")
+        # a resumed run rewrites the rounds kept in its checkpoint (later lines of the killed run are dropped)
+        self.path.write_text("".join(json.dumps(m, sort_keys=True) + "\n" for m in simulator.history))
 
     def on_round_end(self, simulator, metrics: dict) -> None:
         with self.path.open("a") as fh:
@@ -81,7 +89,7 @@ class ProgressBar(Callback):
     def on_run_start(self, simulator) -> None:
         from tqdm.auto import tqdm
 
-        self.bar = tqdm(total=self.total, desc=self.description, unit="round", dynamic_ncols=True)
+        self.bar = tqdm(total=self.total, desc=self.description, unit="round", dynamic_ncols=True, initial=len(simulator.history))
 
     def on_round_end(self, simulator, metrics: dict) -> None:
         shown = {}
@@ -112,6 +120,12 @@ class EarlyStopping(Callback):
         self.min_delta = min_delta
         self.best = float("-inf")
         self.waited = 0
+
+    def state_dict(self) -> dict:
+        return {"best": self.best, "waited": self.waited}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.best, self.waited = state["best"], state["waited"]
 
     def on_round_end(self, simulator, metrics: dict) -> Optional[bool]:
         if self.monitor not in metrics:

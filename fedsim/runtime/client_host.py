@@ -84,6 +84,26 @@ class ClientHost:
         self._data[client_id] = ClientData(data.client_id, data.domain, data.role, train, test, data.num_classes)
         return Reply(client_id, {}, {}, num_examples=len(data.train))
 
+    def export_states(self) -> dict[int, Any]:
+        """Private state of every resident client, transient caches left out (for checkpoints and recovery)."""
+        transient = set(self.method.transient_state_keys)
+        out = {}
+        for cid, state in self._state.items():
+            out[cid] = {k: v for k, v in state.items() if k not in transient} if isinstance(state, dict) else state
+        return out
+
+    def import_states(self, states: dict[int, Any]) -> None:
+        """Restore private states exported by :meth:`export_states` (caches are rebuilt by ``init_client``)."""
+        for cid, saved in states.items():
+            if cid not in self.client_ids:
+                continue
+            self._client(cid)
+            current = self._state[cid]
+            if isinstance(current, dict) and isinstance(saved, dict):
+                current.update(saved)
+            else:
+                self._state[cid] = saved
+
     def private_state(self, client_id: int) -> Any:
         """For tests and checkpoints: the client's private state (never sent to the server)."""
         self._client(client_id)

@@ -33,6 +33,13 @@ class Executor(ABC):
     def _dispatch(self, instructions: dict[int, Instruction]) -> dict[int, Reply]:
         """Run each instruction on its client; any order."""
 
+    def export_client_states(self) -> dict:
+        """Every client's private state, for checkpoints (it never goes to the server's method)."""
+        raise NotImplementedError
+
+    def import_client_states(self, states: dict) -> None:
+        raise NotImplementedError
+
     def close(self) -> None:
         pass
 
@@ -48,3 +55,9 @@ class LocalExecutor(Executor):
 
     def _dispatch(self, instructions: dict[int, Instruction]) -> dict[int, Reply]:
         return {cid: self.host.execute(cid, ins) for cid, ins in instructions.items()}
+
+    def export_client_states(self) -> dict:
+        return self.host.export_states()
+
+    def import_client_states(self, states: dict) -> None:
+        self.host.import_states(states)

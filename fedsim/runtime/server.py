@@ -88,6 +88,22 @@ class Server:
         metrics["round_seconds"] = time.perf_counter() - started
         return metrics
 
+    def export_state(self) -> dict:
+        """Server half of a checkpoint: the method's state and the byte counters."""
+        return {"method_state": self.state, "bytes": (self.executor.bytes_sent, self.executor.bytes_received)}
+
+    def restore_state(self, saved: dict) -> None:
+        """Continue from a checkpoint: redo the (deterministic) data standardization, then restore."""
+        self.standardize_clients()
+        self.state = saved["method_state"]
+        self.executor.bytes_sent, self.executor.bytes_received = saved["bytes"]
+
+    def export_client_states(self) -> dict:
+        return self.executor.export_client_states()
+
+    def import_client_states(self, states: dict) -> None:
+        self.executor.import_client_states(states)
+
     def global_tensors(self) -> dict[str, np.ndarray]:
         return self.method.global_tensors(self.state)
 

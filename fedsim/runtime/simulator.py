@@ -16,6 +16,7 @@ from typing import Optional
 
 from fedsim.config import ExperimentConfig, dump_yaml
 from fedsim.runtime.callbacks import Callback, EarlyStopping, MetricsFile, ProgressBar, TensorBoard
+from fedsim.runtime.checkpoint import restore_rng_states, rng_states, save_checkpoint
 
 log = logging.getLogger(__name__)
 
@@ -56,34 +57,72 @@ class Simulator:
     methods (the Ray backend passes a proxy to its ServerActor).
     """
 
-    def __init__(self, config: ExperimentConfig, server, out_dir: Optional[Path] = None, callbacks: Optional[list[Callback]] = None):
+    def __init__(
+        self,
+        config: ExperimentConfig,
+        server,
+        out_dir: Optional[Path] = None,
+        callbacks: Optional[list[Callback]] = None,
+        resume: Optional[dict] = None,
+    ):
         self.config = config
         self.server = server
         self.out_dir = Path(out_dir) if out_dir is not None else None
         self.callbacks = default_callbacks(config, self.out_dir) if callbacks is None else callbacks
         self.history: list[dict] = []
+        self.resume = resume
 
     def run(self) -> dict:
         started = time.perf_counter()
+        first_round = 1
+        if self.resume is not None:
+            first_round = self._restore(self.resume)
         if self.out_dir is not None:
             self.out_dir.mkdir(parents=True, exist_ok=True)
             atomic_write_text(self.out_dir / "config.yaml", dump_yaml(self.config))
         for callback in self.callbacks:
             callback.on_run_start(self)
         rounds = self.config.run.rounds
-        for rnd in range(1, rounds + 1):
+        every = self.config.run.checkpoint_every
+        for rnd in range(first_round, rounds + 1):
             evaluate = rnd % self.config.run.eval_every == 0 or rnd == rounds
             metrics = self.server.run_round(rnd, evaluate)
             self.history.append(metrics)
             stop = [callback.on_round_end(self, metrics) for callback in self.callbacks]
             if any(stop):  # early stopping acts on evaluated rounds only, so the last round has accuracies
                 break
+            if self.out_dir is not None and every and rnd % every == 0 and rnd < rounds:
+                self.checkpoint(rnd)
         summary = self.summary(time.perf_counter() - started)
         for callback in self.callbacks:
             callback.on_run_end(self, summary)
         if self.out_dir is not None:
             atomic_write_text(self.out_dir / "summary.json", json.dumps(summary, indent=2, sort_keys=True) + "\n")
         return summary
+
+    def checkpoint(self, rnd: int) -> None:
+        """Server state, every client's private state, metrics, callbacks and RNG states, atomically."""
+        save_checkpoint(
+            self.out_dir,
+            {
+                "round": rnd,
+                "server": self.server.export_state(),
+                "clients": self.server.export_client_states(),
+                "history": self.history,
+                "callbacks": [callback.state_dict() for callback in self.callbacks],
+                "rng": rng_states(),
+            },
+        )
+
+    def _restore(self, payload: dict) -> int:
+        self.server.restore_state(payload["server"])
+        self.server.import_client_states(payload["clients"])
+        self.history = list(payload["history"])
+        for callback, saved in zip(self.callbacks, payload["callbacks"]):
+            callback.load_state_dict(saved)
+        restore_rng_states(payload["rng"])
+        log.info("resuming after round %d", payload["round"])
+        return payload["round"] + 1
 
     def summary(self, wall_seconds: float) -> dict:
         last_evaluated = next(m for m in reversed(self.history) if m.get("evaluated"))

@@ -1,0 +1,67 @@
+"""Checkpoints: everything needed to continue a run exactly where it stopped.
+
+A checkpoint holds the server state, every client's private state (transient
+caches left out), the metrics so far, the callbacks' state and the global RNG
+states. It is written atomically (temporary file, fsync, rename), so a run
+killed at any moment leaves either the previous or the new checkpoint.
+"""
+from __future__ import annotations
+
+import os
+import pickle
+import random
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from fedsim.errors import UserError
+
+CHECKPOINT_FILE = "checkpoint.pkl"
+FORMAT = 1
+
+
+def rng_states() -> dict:
+    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+
+
+def restore_rng_states(states: dict) -> None:
+    random.setstate(states["python"])
+    np.random.set_state(states["numpy"])
+    torch.set_rng_state(states["torch"])
+
+
+def save_checkpoint(run_dir: Path, payload: dict) -> Path:
+    path = Path(run_dir) / CHECKPOINT_FILE
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".checkpoint.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            pickle.dump({"format": FORMAT, **payload}, fh, protocol=pickle.HIGHEST_PROTOCOL)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    return path
+
+
+def load_checkpoint(run_dir: Path) -> dict:
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise UserError(f"--resume {run_dir}: no such run directory")
+    if (run_dir / "summary.json").exists():
+        raise UserError(f"--resume {run_dir}: this run already finished (summary.json exists)")
+    path = run_dir / CHECKPOINT_FILE
+    if not path.exists():
+        raise UserError(f"--resume {run_dir}: no {CHECKPOINT_FILE} (the run stopped before its first checkpoint; start it again)")
+    try:
+        with path.open("rb") as fh:
+            payload = pickle.load(fh)
+    except Exception as exc:  # a truncated or foreign file
+        raise UserError(f"--resume {run_dir}: {CHECKPOINT_FILE} is unreadable ({type(exc).__name__}); start the run again") from None
+    if payload.get("format") != FORMAT:
+        raise UserError(f"--resume {run_dir}: checkpoint format {payload.get('format')} is not supported by this version")
+    return payload
