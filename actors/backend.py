@@ -9,7 +9,7 @@ import warnings
 
 import ray
 
-from actors.client import ClientActor
+from actors.executor import ActorSpec
 from actors.server import ServerActor
 from fedsim.errors import UserError
 
@@ -84,15 +84,11 @@ class RayServerProxy:
 
     def __init__(self, config, federation):
         count, self.assignment, gpus = plan_actors(config, federation)
-        device = "cuda" if gpus > 0 else "cpu"
-        client_cls = ray.remote(ClientActor)
-        self.client_actors = []
-        for index in range(count):
-            hosted = sorted(cid for cid, a in self.assignment.items() if a == index)
-            actor = client_cls.options(num_cpus=config.resources.cpus_per_client, num_gpus=gpus).remote(config, federation, hosted, device)
-            self.client_actors.append(actor)
+        hosted = tuple(tuple(sorted(cid for cid, a in self.assignment.items() if a == index)) for index in range(count))
+        spec = ActorSpec(config, federation, hosted, "cuda" if gpus > 0 else "cpu", config.resources.cpus_per_client, gpus)
+        self.client_actors = [spec.create(index) for index in range(count)]
         ray.get([a.ready.remote() for a in self.client_actors])
-        self.server = ray.remote(ServerActor).options(num_cpus=0).remote(config, federation, self.client_actors, self.assignment)
+        self.server = ray.remote(ServerActor).options(num_cpus=0).remote(config, federation, self.client_actors, spec)
         log.info("ray backend: %d client actors for %d clients", count, len(federation.clients))
 
     def run_round(self, rnd: int, evaluate: bool) -> dict:
@@ -108,21 +104,17 @@ class RayServerProxy:
         ray.get(self.server.restore_state.remote(saved))
 
     def export_client_states(self) -> dict:
-        """Gathered from the client actors by the driver (for the checkpoint file), never by the server."""
-        merged: dict = {}
-        for states in ray.get([a.export_states.remote() for a in self.client_actors]):
-            merged.update(states)
-        return merged
+        """Gathered from the client actors for the checkpoint file (the server's method never sees them)."""
+        return ray.get(self.server.export_client_states.remote())
 
     def import_client_states(self, states: dict) -> None:
-        calls = []
-        for index, actor in enumerate(self.client_actors):
-            mine = {cid: st for cid, st in states.items() if self.assignment.get(cid) == index}
-            calls.append(actor.import_states.remote(mine))
-        ray.get(calls)
+        ray.get(self.server.import_client_states.remote(states))
 
     def client_nodes(self) -> list[str]:
-        return ray.get([a.node_id.remote() for a in self.client_actors])
+        return ray.get(self.server.client_nodes.remote())
+
+    def restarts(self) -> int:
+        return ray.get(self.server.restarts.remote())
 
     def close(self) -> None:
         for actor in self.client_actors + [self.server]:

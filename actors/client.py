@@ -23,17 +23,26 @@ class ClientActor:
     def ready(self) -> list[int]:
         return self.host.client_ids
 
-    def execute(self, batch: list[tuple[int, str, int, dict]], *payloads) -> list[Reply]:
+    def execute(self, batch: list[tuple[int, str, int, dict]], *payloads) -> tuple[list[Reply], dict]:
         """Run a batch of (client_id, operation, payload index, per-client config).
 
         ``payloads`` are the round's shared tensor dicts, passed as top-level
         ObjectRefs so Ray resolves each one once per actor (zero-copy numpy).
+        Returns the replies and, as a second object kept in the object store for
+        recovery, the batch clients' private states after the call.
         """
         replies = []
         for client_id, operation, payload_index, config in batch:
             instruction = Instruction(operation, payloads[payload_index], config)
             replies.append(self.host.execute(client_id, instruction))
-        return replies
+        worked = {item[0] for item in batch}
+        states = {cid: st for cid, st in self.host.export_states().items() if cid in worked}
+        return replies, states
+
+    def import_state_objects(self, client_ids: list[int], *state_dicts) -> None:
+        """Restore from the state objects of earlier calls (oldest first; later ones win)."""
+        for states in state_dicts:
+            self.host.import_states({cid: st for cid, st in states.items() if cid in client_ids})
 
     def export_states(self) -> dict:
         return self.host.export_states()

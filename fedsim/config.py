@@ -73,6 +73,7 @@ class RunConfig:
     eval_every: int = 1
     clients_per_round: Optional[float] = None  # None: all; an integer >= 1: that many; a fraction in (0, 1): that share
     checkpoint_every: int = 5  # rounds between checkpoints (0: none); `fedsim run --resume DIR` continues
+    inject_faults: int = 0  # Ray backend: kill this many client actors at seeded rounds (recovery demo/tests)
     early_stop_patience: Optional[int] = None  # rounds without source-accuracy gain; never uses target labels
     tensorboard: bool = True
     progress: bool = True
@@ -82,6 +83,7 @@ class RunConfig:
 class ResourcesConfig:
     cpus_per_client: float = 1.0
     gpus_per_client: float = 0.0
+    max_restarts: int = 3  # attempts to recreate a dead client actor within one operation
     max_actors: Optional[int] = None  # None: as many as the cluster's CPUs allow, at most one per client
 
 

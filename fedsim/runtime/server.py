@@ -48,6 +48,7 @@ class Server:
         self.executor = executor
         self.method = METHODS.get(config.method.name)(config, federation, device="cpu")
         self.state = self.method.init_server()
+        self._restarts_seen = 0
 
     def standardize_clients(self) -> None:
         """Before round 1: the data standardization of ``data.normalization`` (its bytes count in round 1).
@@ -75,6 +76,7 @@ class Server:
     def run_round(self, rnd: int, evaluate: bool) -> dict:
         started = time.perf_counter()
         sent, received = self.executor.bytes_sent, self.executor.bytes_received
+        self.executor.current_round = rnd
         if rnd == 1:
             self.standardize_clients()
         self.state, metrics = self.method.run_round(rnd, self.state, self.executor)
@@ -83,6 +85,12 @@ class Server:
             replies = self.executor.run(self.method.configure_evaluate(rnd, self.state))
             metrics.update(self.method.summarize_evaluation(rnd, replies))
             metrics["evaluated"] = True
+        restarts = getattr(self.executor, "restarts", 0)
+        if restarts != self._restarts_seen:
+            metrics["actor_restarts"], self._restarts_seen = restarts - self._restarts_seen, restarts
+        failures = self.executor.take_failure_events()
+        if failures:
+            metrics["client_failures"] = failures
         metrics["bytes_sent"] = self.executor.bytes_sent - sent
         metrics["bytes_received"] = self.executor.bytes_received - received
         metrics["round_seconds"] = time.perf_counter() - started
