@@ -1,0 +1,51 @@
+"""Helpers for the benchmark scripts: resident memory of a process tree, machine description."""
+from __future__ import annotations
+
+import os
+import platform
+import time
+
+import psutil
+
+
+def tree_rss_bytes(root_pid: int | None = None) -> tuple[int, int]:
+    """Resident memory (bytes) and process count of a process and all its descendants."""
+    root = psutil.Process(root_pid or os.getpid())
+    processes = [root] + root.children(recursive=True)
+    total = 0
+    for proc in processes:
+        try:
+            total += proc.memory_info().rss
+        except psutil.NoSuchProcess:
+            pass
+    return total, len(processes)
+
+
+def ray_processes_rss() -> tuple[int, int]:
+    """Resident memory of every Ray process on this machine (raylet, GCS, workers) plus this driver."""
+    total, count = tree_rss_bytes()
+    seen = {os.getpid()} | {p.pid for p in psutil.Process().children(recursive=True)}
+    for proc in psutil.process_iter(["pid", "name", "cmdline"]):
+        if proc.pid in seen:
+            continue
+        cmd = " ".join(proc.info.get("cmdline") or [])
+        if "ray::" in (proc.info.get("name") or "") or "ray/core/src" in cmd or "raylet" in cmd or "gcs_server" in cmd or "default_worker.py" in cmd:
+            try:
+                total += proc.memory_info().rss
+                count += 1
+            except psutil.NoSuchProcess:
+                pass
+    return total, count
+
+
+def machine() -> str:
+    return f"{platform.machine()}, {psutil.cpu_count()} cores, {psutil.virtual_memory().total / 2**30:.0f} GiB, Python {platform.python_version()}, {time.strftime('%Y-%m-%d')}"
+
+
+class Timer:
+    def __enter__(self):
+        self.start = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc):
+        self.seconds = time.perf_counter() - self.start
