@@ -39,6 +39,7 @@ class DataConfig:
     sources: tuple[str, ...] = ()  # source domains; empty = every domain but the target
     normalization: str = "auto"  # "auto" (the benchmark's default), "none", "federated", "per-domain"
     variant: str = "default"  # benchmark-specific variant (e.g. the TEP class list)
+    samples_per_class: Optional[int] = None  # benchmark-specific size (TEP samples per class and mode, CWRU windows)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,262 @@
+"""Federated/per-domain standardization, and the Office-Caltech10 and CWRU file loaders on tiny files."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+import pytest
+import scipy.io
+
+from fedsim.config import DataConfig
+from fedsim.data import normalization as norm
+from fedsim.data.benchmarks.cwru import CWRUBenchmark, window_starts
+from fedsim.data.benchmarks.office_caltech import DOMAINS as OC_DOMAINS
+from fedsim.data.benchmarks.office_caltech import OfficeCaltechBenchmark
+from fedsim.errors import UserError
+from fedsim.registry import BENCHMARKS
+
+
+@dataclass(frozen=True)
+class FileConfig(DataConfig):
+    """DataConfig plus the fields the loaders read when present."""
+
+    variant: str = "default"
+    samples_per_class: Optional[int] = None
+
+
+def test_benchmarks_register():
+    assert {"tep", "office_caltech", "cwru"} <= set(BENCHMARKS.names())
+
+
+# ----------------------------------------------------------------------------- normalization
+
+
+def _clients(seed=0):
+    rng = np.random.default_rng(seed)
+    sizes = (7, 40, 123)
+    return [rng.normal(2700 + 10 * i, 3 + i, size=(n, 5)) * np.array([1, 1, 1, 0, 1]) + np.array([0, 0, 0, 4.2, 0])
+            for i, n in enumerate(sizes)]
+
+
+def test_federated_statistics_equal_pooled_mean_std():
+    clients = _clients()
+    mean, std = norm.federated_mean_std(clients)
+    pooled = np.concatenate(clients)
+    np.testing.assert_allclose(mean, pooled.mean(0), rtol=1e-12)
+    np.testing.assert_allclose(std[[0, 1, 2, 4]], pooled.std(0)[[0, 1, 2, 4]], rtol=1e-7)
+    assert std[3] == 1.0  # a constant feature is centered, not divided by ~0
+    scaled = norm.standardize(pooled, mean, std)
+    assert scaled.dtype == np.float32 and np.all(np.isfinite(scaled))
+    np.testing.assert_allclose(scaled.mean(0), 0, atol=1e-5)
+    np.testing.assert_allclose(scaled[:, [0, 1, 2, 4]].std(0), 1, atol=1e-5)
+    # What a client sends is its sums only, and they survive the message round trip.
+    sent = norm.feature_stats(clients[1]).to_tensors()
+    assert set(sent) == set(norm.STAT_KEYS) and sent["sum"].shape == (5,)
+    back = norm.FeatureStats.from_tensors(sent)
+    assert back.count == 40 and np.array_equal(back.sum_sq, norm.feature_stats(clients[1]).sum_sq)
+    with pytest.raises(ValueError):
+        norm.combine_stats([norm.feature_stats(clients[0]), norm.feature_stats(clients[0][:, :3])])
+
+
+def test_per_domain_and_normalize_domains():
+    clients = _clients()
+    domains = {f"d{i}": (x[: len(x) // 2 + 1], x[len(x) // 2 + 1:]) for i, x in enumerate(clients)}
+    per = norm.normalize_domains(domains, "per-domain")
+    for name, (train, _) in per.items():
+        np.testing.assert_allclose(train.mean(0), 0, atol=1e-4)
+        assert np.all(np.abs(train[:, 0].std() - 1) < 1e-4)
+    shared = norm.normalize_domains(domains, "federated")
+    mean, std = norm.federated_mean_std(tr for tr, _ in domains.values())
+    np.testing.assert_allclose(shared["d1"][1], (domains["d1"][1] - mean) / std, rtol=1e-5, atol=1e-4)
+    # Under one shared scaling the domains keep their offsets; per-domain scaling removes them.
+    assert abs(shared["d2"][0][:, 0].mean() - shared["d0"][0][:, 0].mean()) > 1
+    raw = norm.normalize_domains(domains, "none")
+    assert raw["d0"][0].dtype == np.float32 and np.allclose(raw["d0"][0], domains["d0"][0])
+    with pytest.raises(ValueError, match="normalization"):
+        norm.normalize_domains(domains, "global")
+    images = np.random.default_rng(1).random((6, 3, 4, 4))
+    assert norm.per_domain_standardize(images)[0].shape == images.shape
+
+
+# ----------------------------------------------------------------------------- office_caltech
+
+
+def _oc_data(domain: str, n: int = 50, dim: int = 16):
+    rng = np.random.default_rng(len(domain))
+    labels = np.arange(n) % 10 + 1  # 1..10 as released
+    feas = rng.normal(size=(n, dim)) + labels[:, None]
+    return feas, labels
+
+
+def _write_decaf(root, domains=OC_DOMAINS):
+    for d in domains:
+        feas, labels = _oc_data(d)
+        scipy.io.savemat(str(root / f"{d}_decaf.mat"), {"feas": feas, "labels": labels.reshape(-1, 1)})
+
+
+def test_office_caltech_decaf(tmp_path):
+    _write_decaf(tmp_path)
+    bench = OfficeCaltechBenchmark(DataConfig(benchmark="office_caltech", root=str(tmp_path)))
+    assert bench.domains() == ["amazon", "caltech", "dslr", "webcam"]
+    dom = bench.load("dslr")
+    assert dom.num_classes == 10 and dom.input_shape == (16,)
+    assert dom.train_x.shape == (40, 16) and dom.test_x.shape == (10, 16)
+    assert set(np.unique(np.concatenate([dom.train_y, dom.test_y]))) == set(range(10))  # shifted to 0..9
+    feas, labels = _oc_data("dslr")
+    row = np.flatnonzero(np.all(np.isclose(feas, dom.test_x[0]), axis=1))
+    assert len(row) == 1 and labels[row[0]] - 1 == dom.test_y[0]  # features and labels stay paired
+
+
+def test_office_caltech_surf_npz_and_csv_forms(tmp_path):
+    for d in OC_DOMAINS:  # the SURF release: Caltech10_SURF_L10.mat for caltech, fts/labels
+        feas, labels = _oc_data(d, dim=8)
+        name = "Caltech10_SURF_L10.mat" if d == "caltech" else f"{d}_SURF_L10.mat"
+        scipy.io.savemat(str(tmp_path / name), {"fts": feas, "labels": labels.reshape(-1, 1)})
+    surf = OfficeCaltechBenchmark(DataConfig(benchmark="office_caltech", root=str(tmp_path))).load("caltech")
+    assert surf.input_shape == (8,)
+    npz_dir = tmp_path / "npz"
+    npz_dir.mkdir()
+    for d in OC_DOMAINS:
+        feas, labels = _oc_data(d, dim=12)
+        np.savez(npz_dir / f"{d}.npz", x=feas, y=labels - 1)  # 0..9 labels stay as they are
+    dom = OfficeCaltechBenchmark(FileConfig(benchmark="office_caltech", root=str(npz_dir), variant="resnet50")).load("amazon")
+    assert dom.input_shape == (12,) and dom.train_y.max() == 9
+    csv_dir = tmp_path / "csv"
+    csv_dir.mkdir()
+    for d in OC_DOMAINS:
+        feas, labels = _oc_data(d, dim=6)
+        np.savetxt(csv_dir / f"{d}_{d}.csv", np.column_stack([feas, labels - 1]), delimiter=",")
+    dom = OfficeCaltechBenchmark(DataConfig(benchmark="office_caltech", root=str(csv_dir))).load("webcam")
+    assert dom.input_shape == (6,) and len(dom.train_y) + len(dom.test_y) == 50
+
+
+@pytest.mark.parametrize("case", ["missing", "corrupt", "no_key", "bad_label", "mismatch", "dims", "nan"])
+def test_office_caltech_bad_files_name_the_file(tmp_path, case):
+    _write_decaf(tmp_path)
+    bad = tmp_path / "webcam_decaf.mat"
+    feas, labels = _oc_data("webcam")
+    if case == "missing":
+        bad.unlink()
+    elif case == "corrupt":
+        bad.write_bytes(b"this is not a MATLAB file")
+    elif case == "no_key":
+        scipy.io.savemat(str(bad), {"features": feas, "labels": labels})
+    elif case == "bad_label":
+        scipy.io.savemat(str(bad), {"feas": feas, "labels": np.where(labels == 3, 11, labels)})
+    elif case == "mismatch":
+        scipy.io.savemat(str(bad), {"feas": feas[:40], "labels": labels})
+    elif case == "dims":
+        scipy.io.savemat(str(bad), {"feas": feas[:, :5], "labels": labels})
+    elif case == "nan":
+        scipy.io.savemat(str(bad), {"feas": np.where(feas > 5, np.nan, feas), "labels": labels})
+    with pytest.raises(UserError) as info:
+        OfficeCaltechBenchmark(DataConfig(benchmark="office_caltech", root=str(tmp_path))).load("amazon")
+    message = str(info.value)
+    assert "webcam_decaf.mat" in message and "\n" not in message
+    if case == "no_key":
+        assert "feas" in message and "features" in message  # what was expected and what was found
+
+
+def test_office_caltech_settings_errors(tmp_path):
+    with pytest.raises(UserError, match="data.root"):
+        OfficeCaltechBenchmark(DataConfig(benchmark="office_caltech")).load("amazon")
+    with pytest.raises(UserError, match="does not exist"):
+        OfficeCaltechBenchmark(DataConfig(benchmark="office_caltech", root=str(tmp_path / "nope"))).load("amazon")
+    _write_decaf(tmp_path)
+    with pytest.raises(UserError, match="surf"):
+        OfficeCaltechBenchmark(FileConfig(benchmark="office_caltech", root=str(tmp_path), variant="sift")).load("amazon")
+    with pytest.raises(UserError, match="SURF_L10"):  # decaf files exist, but SURF was asked for
+        OfficeCaltechBenchmark(FileConfig(benchmark="office_caltech", root=str(tmp_path), variant="surf")).load("amazon")
+    with pytest.raises(UserError, match="amazon"):
+        OfficeCaltechBenchmark(DataConfig(benchmark="office_caltech", root=str(tmp_path))).load("amazom")
+
+
+# ----------------------------------------------------------------------------- cwru
+
+RATE = 12000.0
+FREQS = {"normal": 600.0, "inner_007": 1500.0, "outer_007": 3000.0}
+
+
+def _signal(cls: str, load: int, n: int = 5000) -> np.ndarray:
+    t = np.arange(n) / RATE
+    rng = np.random.default_rng(load)
+    return (np.sin(2 * np.pi * FREQS[cls] * t) + 0.05 * rng.normal(size=n)).reshape(-1, 1)
+
+
+def _write_cwru(root, loads=("1hp", "2hp", "3hp")):
+    number = 98
+    for load in loads:
+        (root / load).mkdir(exist_ok=True)
+        for cls in FREQS:
+            scipy.io.savemat(str(root / load / f"{cls}.mat"),
+                             {f"X{number:03d}_DE_time": _signal(cls, int(load[0])), f"X{number:03d}_FE_time": _signal(cls, 9),
+                              f"X{number:03d}RPM": np.array([[1772]])})
+            number += 1
+
+
+def test_cwru_windows_and_fft_features(tmp_path):
+    _write_cwru(tmp_path)
+    bench = CWRUBenchmark(DataConfig(benchmark="cwru", root=str(tmp_path)))
+    assert bench.domains() == ["1hp", "2hp", "3hp"]
+    assert bench.classes == ("normal", "inner_007", "outer_007")  # the fixed class order, present ones only
+    dom = bench.load("2hp")
+    assert dom.num_classes == 3 and dom.input_shape == (512,)
+    assert len(dom.train_y) + len(dom.test_y) == 3 * (5000 // 1024)  # non-overlapping windows
+    x = np.concatenate([dom.train_x, dom.test_x])
+    y = np.concatenate([dom.train_y, dom.test_y])
+    for label, freq in enumerate(FREQS.values()):  # the spectrum peaks at the class's frequency
+        assert np.all(np.abs(np.argmax(x[y == label], axis=1) - freq / RATE * 1024) <= 1)
+    raw = CWRUBenchmark(FileConfig(benchmark="cwru", root=str(tmp_path), variant="raw", samples_per_class=10)).load("1hp")
+    assert raw.input_shape == (1024,) and len(raw.train_y) + len(raw.test_y) == 30  # overlapping, evenly spread
+    np.testing.assert_array_equal(window_starts(5000, 1024, 3), [0, 1988, 3976])
+
+
+def test_cwru_several_signals_need_the_number(tmp_path):
+    _write_cwru(tmp_path, loads=("1hp", "2hp"))
+    both = {"X098_DE_time": _signal("normal", 1), "X099_DE_time": _signal("normal", 2, n=3000)}
+    scipy.io.savemat(str(tmp_path / "2hp" / "normal.mat"), both)
+    with pytest.raises(UserError, match="normal_<number>|<class>_<number>"):
+        CWRUBenchmark(DataConfig(benchmark="cwru", root=str(tmp_path))).load("2hp")
+    (tmp_path / "2hp" / "normal.mat").rename(tmp_path / "2hp" / "normal_99.mat")
+    dom = CWRUBenchmark(DataConfig(benchmark="cwru", root=str(tmp_path))).load("2hp")
+    assert np.bincount(np.concatenate([dom.train_y, dom.test_y]))[0] == 3000 // 1024  # X099 was used
+
+
+@pytest.mark.parametrize("case", ["missing_class", "bad_name", "no_de", "short", "corrupt", "wrong_number"])
+def test_cwru_bad_files_name_the_file(tmp_path, case):
+    _write_cwru(tmp_path)
+    target = tmp_path / "3hp" / "outer_007.mat"
+    if case == "missing_class":
+        target.unlink()
+    elif case == "bad_name":
+        target.rename(tmp_path / "3hp" / "outer.mat")
+        target = tmp_path / "3hp" / "outer.mat"
+    elif case == "no_de":
+        scipy.io.savemat(str(target), {"X200_FE_time": _signal("outer_007", 3)})
+    elif case == "short":
+        scipy.io.savemat(str(target), {"X200_DE_time": _signal("outer_007", 3, n=500)})
+    elif case == "corrupt":
+        target.write_bytes(b"\x00" * 64)
+    elif case == "wrong_number":
+        target.rename(tmp_path / "3hp" / "outer_007_555.mat")
+        target = tmp_path / "3hp" / "outer_007_555.mat"
+    with pytest.raises(UserError) as info:
+        bench = CWRUBenchmark(DataConfig(benchmark="cwru", root=str(tmp_path)))
+        for domain in bench.domains():
+            bench.load(domain)
+    message = str(info.value)
+    assert ("outer_007.mat" in message or str(target) in message) and "\n" not in message
+
+
+def test_cwru_layout_errors(tmp_path):
+    with pytest.raises(UserError, match="data.root"):
+        CWRUBenchmark(DataConfig(benchmark="cwru")).domains()
+    _write_cwru(tmp_path, loads=("1hp",))
+    with pytest.raises(UserError, match="at least two of 0hp"):
+        CWRUBenchmark(DataConfig(benchmark="cwru", root=str(tmp_path))).domains()
+    _write_cwru(tmp_path, loads=("2hp",))
+    with pytest.raises(UserError, match="fft"):
+        CWRUBenchmark(FileConfig(benchmark="cwru", root=str(tmp_path), variant="wavelet")).load("1hp")
+    with pytest.raises(UserError, match="1hp"):
+        CWRUBenchmark(DataConfig(benchmark="cwru", root=str(tmp_path))).load("0hp")
