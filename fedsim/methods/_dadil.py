@@ -31,7 +31,7 @@ class DictionaryParams:
 
     num_atoms: int = 0  # K; 0 = one atom per domain (the papers' usual choice)
     samples_per_atom: int = 256  # n
-    lr_atoms: float = 0.05  # Adam step on atom features and label logits
+    lr_atoms: float = 0.3  # Adam step on atom features and label logits (chosen on the sources' DiL loss, TEP probe)
     lr_alpha: float = 0.01  # Adam step on barycentric coordinates, then projection on the simplex
     beta: float = 0.0  # label-cost weight; 0 = the largest feature cost of the batch (a fixed rule, not tuned)
     aggregation: str = "random"  # "random" (the paper's rule: one client's version) or "avg"
