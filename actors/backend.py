@@ -48,7 +48,8 @@ def connect(address: str | None, num_cpus: int | None = None) -> bool:
     except ConnectionError as exc:
         raise UserError(
             f"cannot connect to a Ray cluster at {address!r} ({str(exc).splitlines()[0]}): "
-            "start one with 'ray start --head', or omit --address for a local cluster"
+            "start one with 'ray start --head', or omit --address for a local cluster; if the cluster uses token "
+            "authentication, set RAY_AUTH_MODE=token and RAY_AUTH_TOKEN_PATH"
         ) from None
     return True
 
@@ -92,7 +93,11 @@ class RayServerProxy:
         log.info("ray backend: %d client actors for %d clients", count, len(federation.clients))
 
     def run_round(self, rnd: int, evaluate: bool) -> dict:
-        return ray.get(self.server.run_round.remote(rnd, evaluate))
+        metrics = ray.get(self.server.run_round.remote(rnd, evaluate))
+        if rnd == 1 or not getattr(self, "_nodes_recorded", False):
+            metrics["client_nodes"] = sorted(set(self.client_nodes()))  # where the client actors run
+            self._nodes_recorded = True
+        return metrics
 
     def global_tensors(self) -> dict:
         return ray.get(self.server.global_tensors.remote())

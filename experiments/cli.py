@@ -1,4 +1,4 @@
-"""The ``fedsim`` command line: ``fedsim run`` and ``fedsim list``.
+"""The ``fedsim`` command line: ``fedsim run``, ``fedsim sweep``, ``fedsim report`` and ``fedsim list``.
 
 Bad input ends with one line naming the problem and the fix, exit code 2.
 """
@@ -55,6 +55,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE", help="override any config key, e.g. method.lr=0.01")
     run.add_argument("-q", "--quiet", action="store_true", help="no progress bar and no table")
     sub.add_parser("list", help="list methods, benchmarks and their domains")
+    from experiments import report, sweep  # light imports: Ray and matplotlib load only when a command runs
+
+    sweep.add_arguments(sub.add_parser("sweep", help="Ray Tune grid over methods x local epochs x seeds (x any --set list)"))
+    report.add_arguments(sub.add_parser("report", help="plots and a markdown table for a run or a sweep directory"))
     return parser
 
 
@@ -144,6 +148,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         if args.command == "run":
             return cmd_run(args)
+        if args.command == "sweep":
+            from experiments.sweep import run as cmd_sweep
+
+            return cmd_sweep(args)
+        if args.command == "report":
+            from experiments.report import run as cmd_report
+
+            return cmd_report(args)
         return cmd_list()
     except UserError as exc:
         print(f"fedsim: error: {exc}", file=sys.stderr)
