@@ -27,6 +27,9 @@ FLAG_TO_KEY = {
     "address": "run.address",
     "cpus_per_client": "resources.cpus_per_client",
     "gpus_per_client": "resources.gpus_per_client",
+    "clients_per_round": "run.clients_per_round",
+    "sources": "data.sources",
+    "inject_faults": "run.inject_faults",
 }
 
 
@@ -51,6 +54,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--address", help="join an existing Ray cluster (host:port or auto); default: a fresh local cluster")
     run.add_argument("--cpus-per-client", help="CPUs each client actor requests (fractions allowed)")
     run.add_argument("--gpus-per-client", help="GPUs each client actor requests (fractions allowed)")
+    run.add_argument("--clients-per-round", help="clients sampled per round: a count, or a fraction in (0, 1)")
+    run.add_argument("--sources", help="comma-separated source domains (default: every domain but the target)")
+    run.add_argument("--inject-faults", help="Ray backend: kill this many client actors at seeded rounds (recovery demo)")
+    run.add_argument("--resume", metavar="RUN_DIR", help="continue an interrupted run from its last checkpoint")
     run.add_argument("--out", help="run directory (default runs/<date>-<method>-<benchmark>-<target>)")
     run.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE", help="override any config key, e.g. method.lr=0.01")
     run.add_argument("-q", "--quiet", action="store_true", help="no progress bar and no table")
@@ -106,9 +113,27 @@ def format_table(summary: dict, out_dir: Path) -> str:
     return "\n".join(lines)
 
 
+RESUME_COMPATIBLE = {"resume", "backend", "address", "quiet", "command"}
+
+
 def cmd_run(args) -> int:
     from experiments.run import run_experiment
 
+    if args.resume:
+        from fedsim.config import load_config
+        from fedsim.runtime.checkpoint import load_checkpoint
+
+        given = [k for k, v in vars(args).items() if k not in RESUME_COMPATIBLE and v not in (None, [], False)]
+        if given:
+            raise UserError(f"--resume continues a run with its saved config: drop --{given[0].replace('_', '-')} (only --backend and --address may change)")
+        out_dir = Path(args.resume)
+        payload = load_checkpoint(out_dir)
+        overrides = [f"{FLAG_TO_KEY[f]}={getattr(args, f)}" for f in ("backend", "address") if getattr(args, f)]
+        config = load_config(out_dir / "config.yaml", overrides + (["run.progress=false"] if args.quiet else []))
+        result = run_experiment(config, out_dir, resume=payload)
+        if not args.quiet:
+            print(format_table(result.summary, out_dir))
+        return 0
     config = config_from_args(args)
     out_dir = resolve_out_dir(config, args.out)
     result = run_experiment(config, out_dir)

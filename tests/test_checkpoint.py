@@ -62,3 +62,40 @@ def test_resume_errors(tmp_path):
     (tmp_path / "done" / "summary.json").write_text("{}")
     with pytest.raises(UserError, match="already finished"):
         load_checkpoint(tmp_path / "done")
+
+
+def test_sigkill_midway_then_resume_gives_the_same_summary(toy_overrides, tmp_path):
+    """A real process killed with SIGKILL after a checkpoint, continued with `fedsim run --resume`."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    flags = []
+    for item in toy_overrides + ["run.rounds=30", "run.checkpoint_every=3", "run.progress=false"]:
+        flags += ["--set", item]
+    command = [sys.executable, "-m", "experiments.cli", "run", "-q", "--backend", "local"]
+    reference = subprocess.run(command + ["--out", str(tmp_path / "reference")] + flags, capture_output=True, text=True, timeout=300)
+    assert reference.returncode == 0, reference.stderr
+    victim_dir = tmp_path / "victim"
+    victim = subprocess.Popen(command + ["--out", str(victim_dir)] + flags, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 240
+    while time.time() < deadline and not (victim_dir / CHECKPOINT_FILE).exists():
+        time.sleep(0.05)
+    time.sleep(0.3)
+    os.kill(victim.pid, signal.SIGKILL)
+    victim.wait()
+    assert (victim_dir / CHECKPOINT_FILE).exists(), "the run wrote a checkpoint before it was killed"
+    if (victim_dir / "summary.json").exists():
+        pytest.skip("the run finished before the kill landed (machine too fast for this timing)")
+    resumed = subprocess.run(command + ["--resume", str(victim_dir)], capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr
+    _same_summary(json.loads((tmp_path / "reference" / "summary.json").read_text()), json.loads((victim_dir / "summary.json").read_text()))
+
+
+def test_resume_refuses_other_flags(tmp_path, capsys):
+    from experiments.cli import main
+
+    assert main(["run", "--resume", str(tmp_path), "--rounds", "5"]) == 2
+    assert "drop --rounds" in capsys.readouterr().err

@@ -69,6 +69,9 @@ BAD_INPUTS = [
     (["--backend", "spark"], "run.backend must be 'ray' or 'local'"),
     (["--cpus-per-client", "0"], "cpus_per_client must be positive"),
     (["--benchmark", "npz"], "data.root"),
+    (["--sources", "svhn"], "unknown source domain"),
+    (["--clients-per-round", "0"], "clients_per_round must be positive"),
+    (["--resume", "/nonexistent/run"], "no such run directory"),
 ]
 
 
