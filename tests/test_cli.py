@@ -71,7 +71,6 @@ BAD_INPUTS = [
     (["--benchmark", "npz"], "data.root"),
     (["--sources", "svhn"], "unknown source domain"),
     (["--clients-per-round", "0"], "clients_per_round must be positive"),
-    (["--resume", "/nonexistent/run"], "no such run directory"),
 ]
 
 
@@ -141,3 +140,9 @@ def test_digits_end_to_end_on_both_backends(tmp_path_factory, ray_cluster):
         summaries[backend] = json.loads((out / backend / "summary.json").read_text())
     assert summaries["local"]["target_accuracy"] == summaries["ray"]["target_accuracy"]
     assert set(summaries["ray"]["source_accuracy"]) == {"mnist", "mnistm", "synth"}
+
+
+def test_resume_of_a_missing_run(capsys):
+    assert main(["run", "--resume", "/nonexistent/run"]) == 2
+    err = capsys.readouterr().err
+    assert "no such run directory" in err and len(err.strip().splitlines()) == 1
