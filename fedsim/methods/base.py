@@ -38,6 +38,7 @@ class Method:
     """Base class; subclasses register with ``@METHODS.register(name)``."""
 
     Params: ClassVar[type] = NoParams
+    task: ClassVar[str] = "classification"  # or "detection": which benchmarks the method runs on
     operations: ClassVar[tuple[str, ...]] = ("fit", "evaluate")
     #: client-state keys that are caches rebuilt on demand (e.g. a model shared by the clients of a
     #: process), not private state: checkpoints and actor recovery leave them out

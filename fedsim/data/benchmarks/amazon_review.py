@@ -1,0 +1,194 @@
+"""Amazon Review sentiment (Blitzer et al., ACL 2007) as the 5,000-feature bag of words of Chen et al. (ICML 2012).
+
+Four domains, ``books``, ``dvd``, ``electronics``, ``kitchen``, two classes
+(0 negative, 1 positive). Put the files of one layout in one folder and pass
+it with ``--set data.root=DIR`` (names are matched case-insensitively):
+
+* ``amazon.mat``, the single file of the mSDA release (Chen et al. 2012): ``xx``
+  the bag-of-words counts, features x documents (5,000 x N, sparse or dense; a
+  documents x features matrix is accepted too), ``yy`` the N labels (-1/1, 0/1 or
+  1/2) and ``offset`` the index of each domain's first document, in the order
+  books, dvd, electronics, kitchen (4 entries, or 5 with the end; 0- or 1-based).
+* ``books.npz``, ``dvd.npz``, ``electronics.npz``, ``kitchen.npz``: arrays ``x``
+  (N x D counts) and ``y`` (N labels, as above), one file per domain.
+
+``data.variant``: ``default`` (the counts as released), ``binary`` (word present
+or not) or ``log1p`` (log(1 + count)). Each domain is split 80/20 stratified by
+label from ``data.seed`` (then ``data.max_train_per_domain``), as Office-Caltech10
+is. The whole release is about 28,000 documents: a domain takes ~30 MB sparse on
+disk and up to ~150 MB as dense float32 in each process that hosts one of its clients.
+"""
+from __future__ import annotations
+
+import logging
+import zipfile
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+
+from fedsim.data.base import Benchmark, Domain
+from fedsim.data.benchmarks.office_caltech import check_features, first_line, read_mat, root_folder, split_domain
+from fedsim.errors import UserError
+from fedsim.registry import BENCHMARKS, unknown_name_message
+
+logger = logging.getLogger(__name__)
+
+DOMAINS: tuple[str, ...] = ("books", "dvd", "electronics", "kitchen")
+NUM_CLASSES = 2
+MAT_FILE = "amazon.mat"
+VARIANTS = ("default", "binary", "log1p")
+_WHAT = "amazon.mat (xx, yy, offset: the mSDA release) or books.npz, dvd.npz, electronics.npz, kitchen.npz (arrays x, y)"
+
+
+def binary_labels(path: Path, key: str, y) -> np.ndarray:
+    """-1/1, 0/1 or 1/2 -> 0 (negative) / 1 (positive)."""
+    y = np.asarray(y.toarray() if hasattr(y, "toarray") else y)
+    if y.ndim == 2 and 1 in y.shape:
+        y = y.reshape(-1)
+    if y.ndim != 1:
+        raise UserError(f"{path}: {key!r} has shape {y.shape}: it must be a vector of labels")
+    if y.dtype == object or not (np.issubdtype(y.dtype, np.number) or y.dtype == np.bool_) or np.iscomplexobj(y):
+        raise UserError(f"{path}: {key!r} has dtype {y.dtype}: labels must be numbers (-1/1, 0/1 or 1/2)")
+    values = set(np.unique(np.asarray(y, dtype=np.float64)).tolist()) if np.size(y) else set()
+    for pair, negative in (({-1.0, 1.0}, -1.0), ({0.0, 1.0}, 0.0), ({1.0, 2.0}, 1.0)):
+        if values <= pair:
+            return (np.asarray(y, dtype=np.float64) != negative).astype(np.int64)
+    shown = ", ".join(str(v) for v in sorted(values)[:5])
+    raise UserError(f"{path}: {key!r} holds labels {shown}: sentiment labels must be -1/1, 0/1 or 1/2")
+
+
+def _as_documents(path: Path, xx, n: int):
+    """The bag of words as documents x features (sparse CSR or dense), from either orientation."""
+    import scipy.sparse
+
+    if scipy.sparse.issparse(xx):
+        matrix = xx.tocsr() if xx.shape[0] == n else xx.T.tocsr()
+        if matrix.shape[0] != n:
+            raise UserError(f"{path}: 'xx' has shape {xx.shape} but 'yy' has {n} labels: one dimension of xx must match")
+        if not np.issubdtype(matrix.dtype, np.number) or np.iscomplexobj(matrix.data):
+            raise UserError(f"{path}: 'xx' has dtype {matrix.dtype}: it must hold word counts")
+        if not np.all(np.isfinite(matrix.data)):
+            raise UserError(f"{path}: 'xx' has NaN or infinite values: replace or drop them")
+        return matrix
+    dense = np.asarray(xx)
+    if dense.ndim == 2 and dense.shape[0] != n and dense.shape[1] == n:
+        dense = dense.T
+    if dense.ndim != 2 or dense.shape[0] != n:
+        raise UserError(f"{path}: 'xx' has shape {np.shape(xx)} but 'yy' has {n} labels: one dimension of xx must match")
+    return check_features(path, "xx", dense)
+
+
+def _offsets(path: Path, offset, n: int) -> list[tuple[int, int]]:
+    """(start, end) per domain from the release's ``offset`` (starts, optionally with the end; 0- or 1-based)."""
+    raw = np.asarray(offset, dtype=np.float64).reshape(-1)
+    if len(raw) not in (len(DOMAINS), len(DOMAINS) + 1) or np.any(raw != np.round(raw)):
+        raise UserError(
+            f"{path}: 'offset' holds {raw.tolist()}: expected the first document of each of {', '.join(DOMAINS)} "
+            "(4 integers, optionally followed by the number of documents)"
+        )
+    starts = raw.astype(np.int64)
+    if starts[0] == 1:
+        starts = starts - 1  # MATLAB indices
+    bounds = list(starts[: len(DOMAINS)]) + [int(starts[len(DOMAINS)]) if len(starts) > len(DOMAINS) else n]
+    if bounds[0] != 0 or bounds[-1] != n or any(b >= e for b, e in zip(bounds[:-1], bounds[1:])):
+        raise UserError(
+            f"{path}: 'offset' {raw.tolist()} does not cut its {n} documents into 4 non-empty domains in the order "
+            f"{', '.join(DOMAINS)}: fix the offsets"
+        )
+    return [(int(b), int(e)) for b, e in zip(bounds[:-1], bounds[1:])]
+
+
+def _read_npz(path: Path) -> tuple[np.ndarray, np.ndarray]:
+    expected = "arrays x (N x D word counts) and y (N labels -1/1 or 0/1)"
+    if not zipfile.is_zipfile(path):
+        raise UserError(f"cannot read {path}: not a valid .npz file; expected {expected}")
+    try:
+        with np.load(path, allow_pickle=False) as npz:
+            arrays = {k: npz[k] for k in npz.files if k in ("x", "y")}
+            found = list(npz.files)
+    except Exception as exc:
+        raise UserError(f"cannot read {path} ({first_line(exc)}): expected {expected}") from None
+    if set(arrays) != {"x", "y"}:
+        raise UserError(f"{path} lacks the expected arrays (found: {', '.join(found) or 'none'}): expected {expected}")
+    x = check_features(path, "x", arrays["x"])
+    y = binary_labels(path, "y", arrays["y"])
+    if len(x) != len(y):
+        raise UserError(f"{path}: x has {len(x)} rows but y has {len(y)} labels: they must match")
+    return x, y
+
+
+@BENCHMARKS.register("amazon_review")
+class AmazonReviewBenchmark(Benchmark):
+    """Amazon Review sentiment, 5,000-word bag of words from your files (--set data.root=DIR): books, dvd, electronics, kitchen
+
+    ``amazon.mat`` of the mSDA release (xx, yy, offset) or ``<domain>.npz`` (x, y);
+    ``data.variant`` = default (counts) | binary | log1p.
+    """
+
+    def __init__(self, data_config):
+        super().__init__(data_config)
+        self._documents: Optional[dict[str, tuple[object, np.ndarray, Path]]] = None
+        self._loaded: dict[str, Domain] = {}
+
+    def domains(self) -> list[str]:
+        return list(DOMAINS)
+
+    def variant(self) -> str:
+        variant = str(getattr(self.config, "variant", None) or "default")
+        if variant not in VARIANTS:
+            raise UserError(unknown_name_message("amazon_review variant", variant, list(VARIANTS), "--set data.variant=..."))
+        return variant
+
+    def _read(self) -> dict[str, tuple[object, np.ndarray, Path]]:
+        """Per domain: (documents x features, sparse or dense; labels 0/1; the file)."""
+        if self._documents is not None:
+            return self._documents
+        root = root_folder(self.config, "amazon_review", _WHAT)
+        present = {p.name.lower(): p for p in root.iterdir() if p.is_file()}
+        documents: dict[str, tuple[object, np.ndarray, Path]] = {}
+        if MAT_FILE in present:
+            path = present[MAT_FILE]
+            expected = "variables xx (5000 x N word counts), yy (N labels) and offset (first document of each domain)"
+            variables = read_mat(path, expected)
+            missing = [k for k in ("xx", "yy", "offset") if k not in variables]
+            if missing:
+                raise UserError(f"{path} lacks {', '.join(missing)} (found: {', '.join(sorted(variables)) or 'none'}): expected {expected}")
+            y = binary_labels(path, "yy", variables["yy"])
+            matrix = _as_documents(path, variables["xx"], len(y))
+            for domain, (start, end) in zip(DOMAINS, _offsets(path, variables["offset"], len(y))):
+                documents[domain] = (matrix[start:end], y[start:end], path)
+        else:
+            files = {d: present.get(f"{d}.npz") for d in DOMAINS}
+            missing = [f"{d}.npz" for d, p in files.items() if p is None]
+            if missing:
+                raise UserError(
+                    f"amazon_review: no {MAT_FILE} and no {', '.join(missing)} in {str(root)!r}: put {_WHAT} there"
+                )
+            for domain, path in files.items():
+                x, y = _read_npz(path)
+                documents[domain] = (x, y, path)
+            dims = {d: x.shape[1] for d, (x, _, _) in documents.items()}
+            if len(set(dims.values())) > 1:
+                listing = ", ".join(f"{d}.npz: {n}" for d, n in dims.items())
+                raise UserError(f"amazon_review: the domain files have different vocabularies ({listing}): use one bag-of-words release")
+        for domain, (x, y, path) in documents.items():
+            if len(y) < 2:
+                raise UserError(f"{path}: domain {domain} has {len(y)} document(s): a domain needs at least 2 (train and test)")
+        logger.info("amazon_review: %s", ", ".join(f"{d} {len(y)}" for d, (_, y, _) in documents.items()))
+        self._documents = documents
+        return documents
+
+    def load(self, domain: str) -> Domain:
+        if domain not in DOMAINS:
+            raise UserError(unknown_name_message("domain of benchmark 'amazon_review'", domain, list(DOMAINS), "--target"))
+        if domain not in self._loaded:
+            variant = self.variant()
+            x, y, _ = self._read()[domain]
+            dense = np.asarray(x.toarray() if hasattr(x, "toarray") else x, dtype=np.float32)
+            if variant == "binary":
+                dense = (dense > 0).astype(np.float32)
+            elif variant == "log1p":
+                dense = np.log1p(np.maximum(dense, 0.0)).astype(np.float32)
+            self._loaded[domain] = split_domain(domain, dense, y, NUM_CLASSES, self.config)
+        return self._loaded[domain]

@@ -1,0 +1,81 @@
+"""The networks of FADA (Peng et al., ICLR 2020, Sec. 3 and Fig. 1).
+
+Task model (what a client classifies with, and what the target aggregates):
+:class:`FADANet` = feature generator G (the encoder of the configured model),
+the domain-invariant branch of the disentangler D, and the classifier C on the
+invariant features. Its ``features`` are G's outputs: the vectors that the
+adversarial alignment exchanges.
+
+Private parts of a source client (:class:`SourceParts`, never sent): the
+domain-specific branch of D, the class identifier CI (predicts labels from the
+domain-specific part), the reconstructor R (rebuilds G's features from both
+parts), the MINE statistics network T (scores pairs of invariant and specific
+features) and the domain identifier DI (source vs target features), the
+:class:`fedsim.losses.DomainDiscriminator` MLP.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from fedsim.losses.dann import DomainDiscriminator
+from fedsim.models.classifier import Classifier
+
+
+def branch(in_features: int, out_features: int) -> nn.Sequential:
+    """One disentangler branch: Linear + ReLU."""
+    return nn.Sequential(nn.Linear(in_features, out_features), nn.ReLU())
+
+
+def mlp(in_features: int, hidden: int, out_features: int) -> nn.Sequential:
+    return nn.Sequential(nn.Linear(in_features, hidden), nn.ReLU(), nn.Linear(hidden, out_features))
+
+
+class FADANet(Classifier):
+    """G -> D_invariant -> C. ``features`` = G(x) (aligned), ``invariant_features`` = D_inv(G(x)) (classified)."""
+
+    def __init__(self, encoder: nn.Module, invariant: nn.Module, head: nn.Module):
+        super().__init__(encoder, head)
+        self.invariant = invariant
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.invariant(self.encoder(x)))
+
+    def invariant_features(self, x: torch.Tensor) -> torch.Tensor:
+        return self.invariant(self.encoder(x))
+
+
+def feature_width(encoder: nn.Module, input_shape: tuple[int, ...]) -> int:
+    """Width of the encoder's output, from one forward pass of zeros in eval mode."""
+    encoder.eval()
+    with torch.no_grad():
+        return int(encoder(torch.zeros((1, *input_shape))).shape[-1])
+
+
+def build_fada_net(base: Classifier, input_shape: tuple[int, ...]) -> FADANet:
+    """Wrap a registered classifier (encoder + linear head) as G, D_invariant (width -> width) and C."""
+    width = feature_width(base.encoder, input_shape)
+    return FADANet(base.encoder, branch(width, width), base.head)
+
+
+class SourceParts(nn.Module):
+    """The private modules of one source client (Peng et al. 2020, Sec. 3.2-3.3)."""
+
+    def __init__(self, width: int, num_classes: int, hidden: int = 128, identifier_hidden: int = 256, identifier_layers: int = 2):
+        super().__init__()
+        if min(width, num_classes, hidden, identifier_hidden) <= 0 or identifier_layers < 0:
+            raise ValueError(f"SourceParts needs positive sizes, got width={width}, classes={num_classes}, hidden={hidden}")
+        self.specific = branch(width, width)  # D's domain-specific branch
+        self.class_identifier = mlp(width, hidden, num_classes)  # CI
+        self.reconstructor = nn.Linear(2 * width, width)  # R
+        self.statistics = mlp(2 * width, hidden, 1)  # MINE's T(f_di, f_ds)
+        self.domain_identifier = DomainDiscriminator(width, identifier_hidden, identifier_layers)  # DI
+
+    def mine_scores(self, invariant: torch.Tensor, specific: torch.Tensor, permutation: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """T on the joint pairs and on pairs with the specific part shuffled (product of the marginals)."""
+        joint = self.statistics(torch.cat([invariant, specific], dim=1)).squeeze(-1)
+        marginal = self.statistics(torch.cat([invariant, specific[permutation]], dim=1)).squeeze(-1)
+        return joint, marginal
+
+    def reconstruct(self, invariant: torch.Tensor, specific: torch.Tensor) -> torch.Tensor:
+        return self.reconstructor(torch.cat([invariant, specific], dim=1))

@@ -1,0 +1,333 @@
+"""FADA (Peng et al., ICLR 2020): stages and switches, attention, losses, label and raw-data privacy, backends."""
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from experiments.run import run_experiment
+from fedsim.config import load_config
+from fedsim.data.base import ClientData
+from fedsim.data.scenario import build_federation, load_client_data
+from fedsim.errors import UserError
+from fedsim.losses.fada import (
+    MINELoss,
+    domain_accuracy,
+    domain_confusion_loss,
+    domain_identifier_loss,
+    entropy,
+    mine_lower_bound,
+    reconstruction_loss,
+)
+from fedsim.messages import Instruction
+from fedsim.methods.fada import FADA, batch_indices, gap_statistic, preserved_buffers, softmax
+from fedsim.runtime import LocalExecutor, Server
+from fedsim.runtime.client_host import torch_threads
+
+FAST = [
+    "method.name=fada", "method.target_batch=48", "method.gap_samples=48", "method.gap_references=2",
+    "method.adversarial_steps=3", "method.disentangle_steps=3",
+]
+ALL_STAGES = ["fit", "features", "adversarial", "align", "disentangle", "update"]
+
+
+class LabelGuard:
+    """The target's training split, with labels that raise when read at all (even ``y is None``)."""
+
+    def __init__(self, x):
+        self.x = x
+
+    @property
+    def y(self):
+        raise AssertionError("the target client's training labels were read")
+
+    def __len__(self):
+        return len(self.x)
+
+
+class RecordingExecutor(LocalExecutor):
+    """LocalExecutor that records every call and guards the target's training labels."""
+
+    def __init__(self, config, federation):
+        super().__init__(config, federation)
+        self.calls = []  # (instructions, replies) per executor.run
+        for tid in federation.target_ids:
+            data = load_client_data(config.data, federation, tid)
+            guarded = ClientData(tid, data.domain, data.role, LabelGuard(data.train.x), data.test, data.num_classes)
+            self.host._data[tid] = guarded
+            self.host._state[tid] = self.host.method.init_client(guarded)
+
+    def _dispatch(self, instructions):
+        replies = super()._dispatch(instructions)
+        self.calls.append((instructions, replies))
+        return replies
+
+    def operations(self):
+        return [next(iter(ins.values())).operation for ins, _ in self.calls]
+
+
+def run_rounds(overrides, *extra, rounds=2):
+    config = load_config(None, overrides + FAST + list(extra))
+    federation = build_federation(config.data)
+    executor = RecordingExecutor(config, federation)
+    server = Server(config, federation, executor)
+    history = [server.run_round(r, evaluate=True) for r in range(1, rounds + 1)]
+    return config, federation, executor, server, history
+
+
+@pytest.fixture(scope="module")
+def model_three(toy_overrides):
+    return run_rounds(toy_overrides)
+
+
+def test_model_three_runs_every_stage_and_reports_its_metrics(model_three):
+    config, federation, executor, server, history = model_three
+    assert executor.operations() == (ALL_STAGES + ["evaluate"]) * 2
+    sources = {federation.info(c).domain for c in federation.source_ids}
+    for metrics in history:
+        assert set(metrics["attention"]) == sources and math.isclose(sum(metrics["attention"].values()), 1.0, abs_tol=1e-9)
+        assert np.isfinite(metrics["gap_statistic"]) and set(metrics["gap_gain"]) == sources
+        assert set(metrics["mine_estimate"]) == sources and all(np.isfinite(v) for v in metrics["mine_estimate"].values())
+        assert all(0.0 <= v <= 1.0 for v in metrics["domain_identifier_accuracy"].values())
+        assert 0.0 <= metrics["target_accuracy"] <= 1.0 and set(metrics["source_accuracy"]) == sources
+    # attention = softmax of the gap gains (temperature 1)
+    gains = np.array([history[-1]["gap_gain"][d] for d in sorted(sources)])
+    np.testing.assert_allclose([history[-1]["attention"][d] for d in sorted(sources)], softmax(gains), rtol=1e-9)
+    # each client keeps its own model: the server's tensors are the target's, the sources' differ
+    host = executor.host
+    target_weights = host._state[federation.target_ids[0]]["net"].state_dict()
+    for name, value in server.global_tensors().items():
+        np.testing.assert_array_equal(value, target_weights[name].numpy())
+    source_head = host._state[federation.source_ids[0]]["net"].head.weight.detach().numpy()
+    assert not np.allclose(source_head, server.global_tensors()["head.weight"])
+    # the target model moved by the attention-weighted deltas
+    assert any(not np.allclose(v, server.method.init_server()["weights"][k]) for k, v in server.global_tensors().items())
+
+
+@pytest.mark.parametrize(
+    "switch, removed",
+    [("attention", []), ("adversarial", ["features", "adversarial", "align"]), ("disentangle", ["disentangle"])],
+)
+def test_each_switch_removes_its_stage(toy_overrides, switch, removed):
+    _, federation, executor, _, history = run_rounds(toy_overrides, f"method.{switch}=false", rounds=1)
+    assert executor.operations() == [op for op in ALL_STAGES if op not in removed] + ["evaluate"]
+    weights = list(history[0]["attention"].values())
+    assert math.isclose(sum(weights), 1.0, abs_tol=1e-9)
+    if switch == "attention":
+        assert weights == [1.0 / len(federation.source_ids)] * len(federation.source_ids)
+        assert "gap_statistic" not in history[0] and "gap_gain" not in history[0]
+    else:
+        assert "gap_statistic" in history[0]
+    assert ("mine_estimate" in history[0]) == (switch != "disentangle")
+    assert ("domain_identifier_accuracy" in history[0]) == (switch != "adversarial")
+
+
+def test_target_training_operations_never_read_labels(model_three, toy_overrides):
+    config, federation, executor, server, _ = model_three
+    tid = federation.target_ids[0]
+    guarded = executor.host._data[tid]
+    with pytest.raises(AssertionError, match="labels were read"):
+        guarded.train.y  # the guard is live: model_three ran every target operation through it without tripping
+    target_ops = {next(iter(ins.values())).operation for ins, _ in executor.calls if tid in ins}
+    assert target_ops == {"features", "align", "update", "evaluate"}
+    method = server.method
+    state = executor.host._state[tid]
+    for operation in ("fit", "adversarial", "disentangle"):  # the labeled stages refuse the target by its role
+        with pytest.raises(ValueError, match="source clients only"):
+            getattr(method, operation)(Instruction(operation, server.state["weights"], {"seed": 1, "round": 1}), state, guarded)
+
+
+def _raw_rows(data):
+    arrays = [data.train.x, data.test.x]
+    rows = set()
+    for array in arrays:
+        for row in np.asarray(array, dtype=np.float32).reshape(len(array), -1):
+            rows.add(row.tobytes())
+    return rows
+
+
+def test_no_raw_input_or_label_crosses_the_wire_in_any_stage(model_three):
+    config, federation, executor, _, _ = model_three
+    clients = {cid: load_client_data(config.data, federation, cid) for cid in federation.client_ids}
+    raw_rows = set().union(*(_raw_rows(d) for d in clients.values()))
+    width = clients[0].train.x.reshape(len(clients[0].train.x), -1).shape[1]
+    labels = [d.test.y for d in clients.values()] + [d.train.y for d in clients.values() if d.train.y is not None]
+    messages = [t for ins, reps in executor.calls for t in [*ins.values(), *reps.values()]]
+    checked = 0
+    for message in messages:
+        for name, tensor in message.tensors.items():
+            tensor = np.asarray(tensor)
+            assert not any(tensor.shape == y.shape and np.array_equal(tensor, y) for y in labels), f"{name} carries labels"
+            if tensor.ndim >= 1 and tensor.size % width == 0 and tensor.dtype == np.float32:
+                rows = tensor.reshape(-1, width)
+                assert not any(r.tobytes() in raw_rows for r in rows), f"tensor {name!r} carries a raw input row"
+                checked += 1
+    assert checked > 0
+    # what crosses: weights, deltas, features and feature gradients of the generator's width, never inputs
+    feature_width = config.model.hidden
+    for ins, replies in executor.calls:
+        for cid, reply in replies.items():
+            if "features" in reply.tensors:
+                assert cid in federation.target_ids and reply.tensors["features"].shape[1] == feature_width
+            if "feature_grad" in reply.tensors:
+                assert cid in federation.source_ids and reply.tensors["feature_grad"].shape[1] == feature_width
+        for cid, instruction in ins.items():
+            if instruction.operation in ("features", "disentangle", "evaluate"):
+                assert not instruction.tensors
+
+
+def test_fada_refuses_several_target_clients_and_bad_params(toy_overrides):
+    config = load_config(None, toy_overrides + ["method.name=fada", "data.clients_per_domain=2"])
+    with pytest.raises(UserError, match="clients-per-domain 1"):
+        FADA(config, build_federation(config.data))
+    for bad in ("method.gap_references=0", "method.lambda_mi=-1", "method.mine_rate=0", "method.schedule=linear", "method.target_batch=1"):
+        with pytest.raises(UserError, match=bad.split("=")[0]):
+            load_config(None, toy_overrides + ["method.name=fada", bad])
+
+
+@pytest.mark.parametrize("overrides", [["run.clients_per_round=1"]])
+def test_sampled_sources_only_work_that_round(toy_overrides, overrides):
+    _, federation, executor, _, history = run_rounds(toy_overrides, *overrides, rounds=1)
+    fit_clients = list(executor.calls[0][0])
+    assert len(fit_clients) == 1 and len(history[0]["attention"]) == 1 and list(history[0]["attention"].values()) == [1.0]
+
+
+def test_local_and_ray_backends_agree(toy_overrides, ray_cluster, tmp_path):
+    results = {}
+    for backend in ("local", "ray"):
+        config = load_config(None, toy_overrides + FAST + [f"run.backend={backend}", "run.seed=5"])
+        results[backend] = run_experiment(config, tmp_path / backend)
+    local, ray_ = results["local"], results["ray"]
+    assert local.summary["target_accuracy"] == ray_.summary["target_accuracy"]
+    assert local.summary["source_accuracy"] == ray_.summary["source_accuracy"]
+    assert local.summary["bytes_sent"] == ray_.summary["bytes_sent"]
+    for a, b in zip(local.history, ray_.history):
+        assert a["attention"] == pytest.approx(b["attention"], rel=1e-9)
+        assert a["mine_estimate"] == pytest.approx(b["mine_estimate"], rel=1e-6, abs=1e-9)
+    assert local.global_tensors.keys() == ray_.global_tensors.keys()
+    for name in local.global_tensors:
+        np.testing.assert_allclose(local.global_tensors[name], ray_.global_tensors[name], rtol=1e-6, atol=1e-7)
+
+
+def test_resume_from_checkpoint_continues_every_private_model(toy_overrides, tmp_path):
+    """Per-client models, private parts, the MINE average and its Adam state survive a checkpoint."""
+    from fedsim.runtime import Simulator
+    from fedsim.runtime.checkpoint import load_checkpoint
+
+    config = load_config(None, toy_overrides + FAST + ["run.rounds=3", "run.checkpoint_every=2", "run.backend=local"])
+    full = run_experiment(config, tmp_path / "full")
+    federation = build_federation(config.data)
+    simulator = Simulator(config, Server(config, federation, LocalExecutor(config, federation)), tmp_path / "partial")
+    original = simulator.server.run_round
+
+    def stop_at_three(rnd, evaluate):
+        if rnd == 3:
+            raise KeyboardInterrupt
+        return original(rnd, evaluate)
+
+    simulator.server.run_round = stop_at_three
+    with pytest.raises(KeyboardInterrupt):
+        simulator.run()
+    resumed = run_experiment(config, tmp_path / "partial", resume=load_checkpoint(tmp_path / "partial"))
+    assert resumed.summary["target_accuracy"] == full.summary["target_accuracy"]
+    assert resumed.summary["source_accuracy"] == full.summary["source_accuracy"]
+    assert resumed.history[-1]["attention"] == full.history[-1]["attention"]
+    for name in full.global_tensors:
+        np.testing.assert_array_equal(resumed.global_tensors[name], full.global_tensors[name])
+
+
+# ----------------------------------------------------------------------------- pieces
+
+
+def test_gap_statistic_prefers_clustered_features_and_attention_is_a_softmax():
+    rng = np.random.default_rng(0)
+    centers = rng.normal(0, 10, size=(4, 5))
+    clustered = centers[np.arange(120) % 4] + rng.normal(0, 0.3, size=(120, 5))
+    noise = rng.uniform(-10, 10, size=(120, 5))
+    uniform = rng.random((4, 120, 5))
+    assert gap_statistic(clustered, 4, uniform, seed=1) > gap_statistic(noise, 4, uniform, seed=1) + 1.0
+    assert abs(gap_statistic(noise, 4, uniform, seed=1)) < 0.6  # uniform data: about no gap (the rotated box is a bit wider)
+    assert gap_statistic(clustered, 4, uniform, seed=1) == gap_statistic(clustered, 4, uniform, seed=1)
+    weights = softmax(np.array([0.5, -1.0, 2.0]))
+    assert math.isclose(weights.sum(), 1.0) and np.argmax(weights) == 2
+    np.testing.assert_allclose(softmax(np.zeros(3)), np.full(3, 1 / 3))
+
+
+def test_apply_adds_weighted_deltas_and_rounds_integer_buffers():
+    current = {"w": np.ones((2, 2), np.float32), "steps": np.array(10)}
+    deltas = [{"w": np.full((2, 2), 2.0, np.float32), "steps": np.array(4)}, {"w": np.full((2, 2), -1.0, np.float32), "steps": np.array(1)}]
+    out = FADA.apply(current, deltas, [0.25, 0.75])
+    np.testing.assert_allclose(out["w"], np.full((2, 2), 1 + 0.5 - 0.75))
+    assert out["w"].dtype == np.float32 and int(out["steps"]) == 12  # 10 + 1 + 0.75 -> 12
+
+
+def test_domain_losses_entropy_and_reconstruction():
+    logits = torch.zeros(5)
+    assert math.isclose(float(domain_confusion_loss(logits)), math.log(2), rel_tol=1e-6)
+    assert float(domain_confusion_loss(torch.full((5,), 3.0))) > math.log(2)
+    assert float(domain_identifier_loss(torch.full((4,), 5.0), torch.full((4,), -5.0))) < 0.01
+    assert domain_accuracy(torch.tensor([1.0, -1.0]), torch.tensor([-1.0, -1.0])) == 0.75
+    assert math.isclose(float(entropy(torch.zeros(3, 10))), math.log(10), rel_tol=1e-6)
+    assert float(entropy(torch.tensor([[50.0, 0.0, 0.0]]))) < 1e-6
+    features = torch.randn(4, 3, requires_grad=True)
+    rebuilt = torch.zeros(4, 3, requires_grad=True)
+    reconstruction_loss(rebuilt, features).backward()
+    assert features.grad is None and rebuilt.grad is not None
+
+
+def test_mine_bound_and_its_bias_corrected_gradient():
+    joint, marginal = torch.tensor([1.0, 2.0, 3.0]), torch.tensor([0.0, 1.0, -1.0])
+    expected = 2.0 - math.log((1 + math.e + math.exp(-1)) / 3)
+    assert math.isclose(float(mine_lower_bound(joint, marginal)), expected, rel_tol=1e-6)
+    # T = theta * s: the surrogate's gradient is E[s_j] - E[e^T s_m] / moving average (Belghazi et al. 2018, Sec. 3.2)
+    mine = MINELoss(rate=0.5)
+    s_j, s_m1, s_m2 = torch.tensor([1.0, 2.0]), torch.tensor([0.5, -0.5]), torch.tensor([1.0, 0.0])
+    theta = torch.tensor(0.3, requires_grad=True)
+    mine.surrogate(theta * s_j, theta * s_m1)  # first batch initializes the average
+    value = mine.surrogate(theta * s_j, theta * s_m2)
+    (grad,) = torch.autograd.grad(value, theta)
+    m1, m2 = float(torch.exp(0.3 * s_m1).mean()), float(torch.exp(0.3 * s_m2).mean())
+    average = 0.5 * m1 + 0.5 * m2
+    assert math.isclose(float(torch.exp(mine.log_average)), average, rel_tol=1e-5)
+    manual = float(s_j.mean()) - float((torch.exp(0.3 * s_m2) * s_m2).mean()) / average
+    assert math.isclose(float(grad), manual, rel_tol=1e-5)
+
+
+def test_mine_separates_dependent_from_independent_pairs():
+    with torch_threads(1):  # tiny networks: more threads only contend on a shared machine
+        _mine_separates()
+
+
+def _mine_separates():
+    torch.manual_seed(0)
+    x = torch.randn(512, 1)
+    estimates = {}
+    for name, z in {"dependent": 0.95 * x + 0.3 * torch.randn(512, 1), "independent": torch.randn(512, 1)}.items():
+        statistics = torch.nn.Sequential(torch.nn.Linear(2, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
+        mine, optimizer = MINELoss(0.05), torch.optim.Adam(statistics.parameters(), lr=1e-2)
+        generator = torch.Generator().manual_seed(1)
+        for _ in range(300):
+            perm = torch.randperm(512, generator=generator)
+            j, m = statistics(torch.cat([x, z], 1)).squeeze(-1), statistics(torch.cat([x, z[perm]], 1)).squeeze(-1)
+            optimizer.zero_grad()
+            (-mine.surrogate(j, m)).backward()
+            optimizer.step()
+        with torch.no_grad():
+            perm = torch.randperm(512, generator=generator)
+            estimates[name] = float(mine_lower_bound(statistics(torch.cat([x, z], 1)), statistics(torch.cat([x, z[perm]], 1))))
+    # true I = -0.5 log(1 - rho^2) ~ 0.9 nats for rho ~ 0.95, 0 for independent pairs
+    assert estimates["dependent"] > 0.5 and abs(estimates["independent"]) < 0.15
+
+
+def test_preserved_buffers_and_batch_indices():
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4))
+    before = model[1].running_mean.clone()
+    with preserved_buffers(model):
+        model.train()
+        model(torch.randn(8, 3) + 5)
+        assert not torch.equal(model[1].running_mean, before)
+    assert torch.equal(model[1].running_mean, before)
+    batches = list(batch_indices(10, 4, 0, torch.Generator().manual_seed(0)))
+    assert [len(b) for b in batches] == [4, 4, 2]
+    batches = list(batch_indices(9, 4, 5, torch.Generator().manual_seed(0)))  # cycles passes, drops single-sample batches
+    assert [len(b) for b in batches] == [4, 4, 4, 4]
