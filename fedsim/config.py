@@ -28,7 +28,7 @@ def default_cache_dir() -> str:
 @dataclass(frozen=True)
 class DataConfig:
     benchmark: str = "digits"
-    target: str = "mnistm"
+    target: str = "auto"  # "auto": the benchmark's default target (digits: mnistm)
     clients_per_domain: int = 1
     partition: str = "iid"  # "iid" or "dirichlet" (label skew)
     dirichlet_alpha: float = 0.5
@@ -230,6 +230,23 @@ def build_config(raw: dict) -> ExperimentConfig:
     method_raw = dict(sections.get("method", {}))
     method_name = str(method_raw.get("name", MethodConfig.name))
     method_cls = METHODS.get(method_name)
+    for section, defaults in getattr(method_cls, "config_defaults", {}).items():  # the method's own defaults
+        merged = dict(defaults)
+        merged.update(method_raw if section == "method" else sections.get(section, {}))
+        if section == "method":
+            method_raw = merged
+        else:
+            sections[section] = merged
+    data_raw = dict(sections.get("data", {}))
+    if str(data_raw.get("target", "auto")) == "auto":
+        from fedsim.registry import BENCHMARKS
+
+        benchmark_name = str(data_raw.get("benchmark", DataConfig.benchmark))
+        default_target = getattr(BENCHMARKS.get(benchmark_name), "default_target", None)
+        if default_target is None:
+            raise UserError(f"benchmark {benchmark_name!r} has no default target domain: pass --target (see 'fedsim list')")
+        data_raw["target"] = default_target
+        sections["data"] = data_raw
     params_cls = getattr(method_cls, "Params", NoParams)
     common = {f.name for f in fields(MethodConfig)} - {"params"}
     params_valid = [f.name for f in fields(params_cls)]

@@ -68,7 +68,8 @@ BAD_INPUTS = [
     (["--config", "/nonexistent/config.yaml"], "does not exist"),
     (["--backend", "spark"], "run.backend must be 'ray' or 'local'"),
     (["--cpus-per-client", "0"], "cpus_per_client must be positive"),
-    (["--benchmark", "npz"], "data.root"),
+    (["--benchmark", "npz"], "no default target"),
+    (["--benchmark", "npz", "--target", "a"], "data.root"),
     (["--sources", "svhn"], "unknown source domain"),
     (["--clients-per-round", "0"], "clients_per_round must be positive"),
 ]

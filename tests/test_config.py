@@ -1,3 +1,5 @@
+import dataclasses
+
 import pytest
 
 from fedsim.config import ExperimentConfig, dump_yaml, load_config, parse_override
@@ -6,7 +8,7 @@ from fedsim.errors import UserError
 
 def test_defaults_are_the_default_experiment():
     config = load_config()
-    assert config == ExperimentConfig()
+    assert config == dataclasses.replace(ExperimentConfig(), data=dataclasses.replace(ExperimentConfig().data, target="mnistm"))
     assert (config.data.benchmark, config.data.target, config.method.name, config.run.backend) == ("digits", "mnistm", "fedavg", "ray")
 
 
@@ -69,3 +71,9 @@ def test_unreadable_config_files(tmp_path):
 def test_parse_override_types():
     assert parse_override("method.lr=0.01") == (["method", "lr"], 0.01)
     assert parse_override("run.address=auto") == (["run", "address"], "auto")
+
+
+def test_auto_target_is_the_benchmarks_default():
+    assert load_config(None, ["data.benchmark=tep"]).data.target == "mode2"
+    with pytest.raises(UserError, match="no default target"):
+        load_config(None, ["data.benchmark=npz", "data.root=/tmp"])

@@ -40,6 +40,8 @@ class Benchmark(ABC):
 
     #: normalization used when ``data.normalization`` is "auto" (see fedsim.data.normalization)
     default_normalization: str = "none"
+    #: target domain when ``data.target`` is "auto" (None: the user must name one)
+    default_target: Optional[str] = None
 
     def __init__(self, data_config):
         self.config = data_config

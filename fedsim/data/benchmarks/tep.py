@@ -227,6 +227,7 @@ def _require_tep() -> None:
 @BENCHMARKS.register("tep")
 class TEPBenchmark(Benchmark):
     default_normalization = "federated"  # one standardization shared by all clients, from their sums
+    default_target = "mode2"
     """Tennessee Eastman process (tep-studio): six operating modes, normal + faults, 53 raw features
 
     Configuration read from the data section: ``seed``, ``cache_dir``,

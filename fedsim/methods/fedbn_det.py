@@ -1,0 +1,21 @@
+"""FedBN for detection (Li et al., ICLR 2021, Alg. 1): FedAvg that keeps batch norm local.
+
+Every participant keeps the weights, biases and running statistics of every
+batch-norm layer of the backbone (the FCOS head uses group norm, which is averaged)
+and averages the rest. Client i's model M_i (family ``personal``) is the global
+model with its own batch norm; ``global`` keeps w_b's batch norm (used by the
+unlabeled target, which has none of its own).
+"""
+from __future__ import annotations
+
+from fedsim.methods._detection_common import FederatedDetection
+from fedsim.models.detector import Detector, norm_keys
+from fedsim.registry import METHODS
+
+
+@METHODS.register("fedbn_det")
+class FedBNDetection(FederatedDetection):
+    """FedBN for detection: batch-norm layers stay with each participant."""
+
+    def personal_keys(self, model: Detector) -> set[str]:
+        return norm_keys(model)

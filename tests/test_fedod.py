@@ -1,0 +1,182 @@
+"""FedOD and the detection baselines on tiny scenes: the detector, distillation, roles, privacy, backends."""
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from experiments.run import run_experiment
+from fedsim.config import load_config
+from fedsim.data.scenario import build_federation, load_client_data
+from fedsim.errors import UserError
+from fedsim.methods.fedod import channel_wise_distillation
+from fedsim.models.detector import DetectorSpec, build_detector, head_keys, norm_keys, save_weights
+from fedsim.runtime import LocalExecutor, Server
+
+FAMILIES = {"wg", "wb", "wi", "ens_wbf", "ens_nms", "ens_soft_nms", "ens_nmw"}
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """One server host, one labeled client (farm), the unlabeled target (dusk); tiny detector, one step each."""
+    cache = tmp_path_factory.getbasetemp() / "scenes-tiny-cache"  # shared with test_scenes: built once per session
+    return [
+        "data.benchmark=scenes", "data.variant=tiny", "data.target=dusk", "data.sources=server,farm", f"data.cache_dir={cache}",
+        "run.rounds=1", "run.progress=false", "run.tensorboard=false", "method.batch_size=4", "method.lr=0.01",
+        "method.width=4", "method.fpn_channels=8", "method.head_convs=1", "method.base_iters=2", "method.client_iters=1",
+    ]
+
+
+METHOD_ONLY = {"fedod": ["method.distill_iters=1"], "fedrep_det": ["method.head_iters=1"]}
+
+
+def options(tiny, method, *extra):
+    return tiny + [f"method.name={method}", *METHOD_ONLY.get(method, []), *extra]
+
+
+class RecordingExecutor(LocalExecutor):
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.log = []
+
+    def _dispatch(self, instructions):
+        replies = super()._dispatch(instructions)
+        self.log.extend((cid, instructions[cid].operation, reply) for cid, reply in replies.items())
+        return replies
+
+
+def run_local(opts):
+    config = load_config(None, opts)
+    federation = build_federation(config.data)
+    executor = RecordingExecutor(config, federation)
+    server = Server(config, federation, executor)
+    metrics = server.run_round(1, evaluate=True)
+    return config, federation, executor, server, metrics
+
+
+@pytest.fixture(scope="module")
+def fedod_run(tiny):
+    return run_local(options(tiny, "fedod"))
+
+
+# ---------------------------------------------------------------------------- detector
+
+
+def test_detector_maps_loss_detect_and_weights(tmp_path):
+    spec = DetectorSpec(num_classes=3, image_size=64, width=4, fpn_channels=8, head_convs=1)
+    model = build_detector(spec, seed=0)
+    images = torch.rand(2, 3, 64, 64)
+    maps = model.maps(images)
+    assert [tuple(f.shape) for f in maps["features"]] == [(2, 8, 8, 8), (2, 8, 4, 4), (2, 8, 2, 2)]
+    assert [tuple(c.shape) for c in maps["cls_logits"]] == [(2, 3, 8, 8), (2, 3, 4, 4), (2, 3, 2, 2)]
+    assert [tuple(r.shape) for r in maps["bbox_regression"]] == [(2, 4, 8, 8), (2, 4, 4, 4), (2, 4, 2, 2)]
+    targets = [{"boxes": torch.tensor([[4.0, 4.0, 30.0, 30.0]]), "labels": torch.tensor([1])}, {"boxes": torch.zeros(0, 4), "labels": torch.zeros(0, dtype=torch.int64)}]
+    losses = model.loss(maps, targets)
+    assert set(losses) == {"classification", "bbox_regression", "bbox_ctrness"} and all(torch.isfinite(v) for v in losses.values())
+    out = model.detect(images)
+    assert len(out) == 2 and set(out[0]) == {"boxes", "scores", "labels"} and model.training
+    bn, head = norm_keys(model), head_keys(model)
+    assert bn and head and not bn & head and all(k.startswith("backbone.") for k in bn)
+    path = save_weights(model, tmp_path / "w.npz")
+    loaded = build_detector(DetectorSpec(**{**spec.__dict__, "weights": str(path)}), seed=1)
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), loaded.state_dict().values()))
+    with pytest.raises(UserError, match="does not fit"):
+        build_detector(DetectorSpec(**{**spec.__dict__, "num_classes": 5, "weights": str(path)}))
+    with pytest.raises(UserError, match="does not exist"):
+        build_detector(DetectorSpec(**{**spec.__dict__, "weights": str(tmp_path / "none.npz")}))
+
+
+def test_channel_wise_distillation_by_hand():
+    teacher = torch.tensor([math.log(3.0), 0.0]).reshape(1, 1, 1, 2)
+    student = torch.zeros(1, 1, 1, 2)
+    # softmax(teacher) = (3/4, 1/4), softmax(student) = (1/2, 1/2): KL = 3/4 ln 1.5 + 1/4 ln 0.5
+    expected = 0.75 * math.log(1.5) + 0.25 * math.log(0.5)
+    assert channel_wise_distillation(student, teacher, 1.0).item() == pytest.approx(expected, rel=1e-5)
+    t2 = torch.tensor([math.log(9.0), 0.0]).reshape(1, 1, 1, 2)  # T = 2 halves the logits: same distributions, times T^2
+    assert channel_wise_distillation(student, t2, 2.0).item() == pytest.approx(4 * expected, rel=1e-5)
+    x = torch.randn(2, 3, 4, 4)
+    assert channel_wise_distillation(x, x, 4.0).item() == pytest.approx(0.0, abs=1e-6)
+
+
+# ---------------------------------------------------------------------------- fedod
+
+
+def test_fedod_round_reports_every_family(fedod_run):
+    config, federation, _, _, metrics = fedod_run
+    assert {"base_loss", "train_loss", "distill_loss"} <= set(metrics)
+    final = metrics["final_detection"]
+    assert set(final) == FAMILIES
+    for name, entry in final.items():
+        assert all(0.0 <= entry[k] <= 1.0 for k in ("A_s", "A_p", "A_u", "AP50_s", "AP50_p", "AP50_u"))
+        assert entry["A_com"] == pytest.approx(0.3 * entry["A_s"] + 0.7 * entry["A_p"])
+        assert ("target" in entry) == (name in ("wg", "wb"))
+    assert set(metrics["source_accuracy"]) == {"server", "farm"} and 0.0 <= metrics["target_accuracy"] <= 1.0
+
+
+def test_fedod_keeps_images_on_their_hosts_and_models_where_they_belong(fedod_run):
+    config, federation, executor, server, _ = fedod_run
+    host = executor.host
+    server_id, farm_id = 0, 1
+    ops = [(cid, op) for cid, op, _ in executor.log]
+    assert ops[:2] == [(server_id, "train_base"), (farm_id, "fit")] and (server_id, "distill") in ops
+    for cid, op, reply in executor.log:
+        data = load_client_data(config.data, federation, cid)
+        for name, tensor in reply.tensors.items():
+            tensor = np.asarray(tensor)
+            assert tensor.shape[1:] != data.test.x.shape[1:], f"{op} reply {name} looks like images"
+            if op == "evaluate":
+                assert name.split("/")[-1] in ("category", "scores", "matched", "ignored", "gt_count")
+    # w_i stays with the farm client and reaches the server host only as a teacher
+    personal = host.private_state(farm_id)["own"]["personal"]
+    teacher = host.private_state(server_id)["own"][f"teacher@{farm_id}"]
+    assert all(np.array_equal(personal[k], teacher[k]) for k in personal)
+    assert any(not np.array_equal(personal[k], server.state["weights"][k]) for k in personal)
+    # the server process holds models only: named weight arrays, no data
+    for key in ("weights", "base"):
+        assert set(server.state[key]) == set(personal)
+
+
+@pytest.mark.parametrize("method, extra", [("fedavg_det", []), ("fedbn_det", []), ("fedrep_det", []), ("fedod", ["method.mode=baseline1"]), ("fedod", ["method.mode=baseline2"])])
+def test_baselines_run_and_keep_personal_parts_local(tiny, method, extra):
+    config, federation, executor, server, metrics = run_local(options(tiny, method, *extra))
+    final = metrics["final_detection"]
+    model = build_detector(server.method.spec)
+    if method == "fedod":
+        assert set(final) == ({"wb"} if "method.mode=baseline1" in extra else {"wb", "wi", "ens_wbf", "ens_nms", "ens_soft_nms", "ens_nmw"})
+        assert all(np.array_equal(server.state["weights"][k], server.state["base"][k]) for k in server.state["base"])  # w_g stays w_b
+        return
+    assert set(final) == ({"global"} if method == "fedavg_det" else {"global", "personal"})
+    private = {"fedavg_det": set(), "fedbn_det": norm_keys(model), "fedrep_det": head_keys(model)}[method]
+    fits = [reply for _, op, reply in executor.log if op == "fit"]
+    assert len(fits) == 2 and all(set(r.tensors) == set(model.state_dict()) - private for r in fits)
+    if private:
+        shared = [reply for _, op, reply in executor.log if op == "share_personal"]
+        assert len(shared) == 1 and set(shared[0].tensors) == private
+
+
+def test_bad_setups_raise_user_errors(tiny, toy_overrides):
+    base = options(tiny, "fedod")
+    with pytest.raises(UserError, match="detection benchmark"):
+        run_local(toy_overrides + ["method.name=fedod"])
+    with pytest.raises(UserError, match="cannot be the target"):
+        run_local([o for o in base if not o.startswith("data.sources")] + ["data.target=server"])
+    with pytest.raises(UserError, match="clients_per_domain=1"):
+        run_local(base + ["data.clients_per_domain=2"])
+    with pytest.raises(UserError, match="IID"):
+        run_local(base + ["data.partition=dirichlet"])
+    with pytest.raises(UserError, match="method.mode"):
+        load_config(None, base + ["method.mode=ensemble"])
+
+
+def test_local_and_ray_agree(tiny, ray_cluster, tmp_path):
+    results = {}
+    for backend in ("local", "ray"):
+        config = load_config(None, options(tiny, "fedod", f"run.backend={backend}", "run.seed=3", "resources.cpus_per_client=1"))
+        results[backend] = run_experiment(config, tmp_path / backend)
+    local, remote = results["local"], results["ray"]
+    assert local.summary["final_detection"] == remote.summary["final_detection"]
+    assert local.summary["target_accuracy"] == remote.summary["target_accuracy"]
+    assert local.summary["bytes_sent"] == remote.summary["bytes_sent"]
+    assert local.global_tensors.keys() == remote.global_tensors.keys()
+    for name in local.global_tensors:
+        np.testing.assert_array_equal(local.global_tensors[name], remote.global_tensors[name])
