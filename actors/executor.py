@@ -53,8 +53,12 @@ class ActorSpec:
 
 
 class RayExecutor(Executor):
-    def __init__(self, actors: list, spec: ActorSpec, max_restarts: int = 3, inject_faults: int = 0, seed: int = 0, rounds: int = 1):
+    def __init__(
+        self, actors: list, spec: ActorSpec, max_restarts: int = 3, inject_faults: int = 0, seed: int = 0, rounds: int = 1,
+        call_timeout: float = 0.0,
+    ):
         super().__init__()
+        self.call_timeout = call_timeout  # seconds without any reply before the slowest call counts as failed (0: never)
         self.actors = list(actors)
         self.spec = spec
         self.assignment = {cid: index for index, ids in enumerate(spec.hosted) for cid in ids}
@@ -97,7 +101,12 @@ class RayExecutor(Executor):
         replies: dict[int, Reply] = {}
         attempts: dict[int, int] = {}
         while pending:
-            done, _ = ray.wait(list(pending), num_returns=1)
+            done, _ = ray.wait(list(pending), num_returns=1, timeout=self.call_timeout or None)
+            if not done:  # a call that hangs is treated like a dead actor: kill, recreate, redo
+                ref = next(iter(pending))
+                log.warning("client actor %d gave no reply for %.0f s: restarting it", pending[ref][0], self.call_timeout)
+                ray.kill(self.actors[pending[ref][0]], no_restart=True)
+                done = [ref]
             index, states_ref = pending.pop(done[0])
             try:
                 batch_replies = ray.get(done[0])

@@ -15,7 +15,7 @@ class ServerActor:
         torch.set_num_threads(1)
         executor = RayExecutor(
             client_actors, spec, max_restarts=config.resources.max_restarts, inject_faults=config.run.inject_faults,
-            seed=config.run.seed, rounds=config.run.rounds,
+            seed=config.run.seed, rounds=config.run.rounds, call_timeout=config.resources.call_timeout_s,
         )
         self.server = Server(config, federation, executor)
 

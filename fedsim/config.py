@@ -85,6 +85,7 @@ class ResourcesConfig:
     cpus_per_client: float = 1.0
     gpus_per_client: float = 0.0
     max_restarts: int = 3  # attempts to recreate a dead client actor within one operation
+    call_timeout_s: float = 0.0  # Ray backend: a client call silent this long counts as failed (0: wait forever)
     max_actors: Optional[int] = None  # None: as many as the cluster's CPUs allow, at most one per client
 
 

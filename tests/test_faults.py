@@ -10,7 +10,7 @@ def _without_wall(summary: dict) -> dict:
 
 
 def test_three_injected_actor_kills_give_the_same_summary(toy_overrides, ray_cluster, tmp_path):
-    base = toy_overrides + ["run.rounds=4", "run.backend=ray", "method.name=fedprox"]
+    base = toy_overrides + ["run.rounds=4", "run.backend=ray", "method.name=fedprox", "resources.call_timeout_s=60"]
     calm = run_experiment(load_config(None, base), tmp_path / "calm")
     stormy = run_experiment(load_config(None, base + ["run.inject_faults=3"]), tmp_path / "stormy")
     assert _without_wall(calm.summary) == _without_wall(stormy.summary)
@@ -20,7 +20,8 @@ def test_three_injected_actor_kills_give_the_same_summary(toy_overrides, ray_clu
 
 
 def test_private_state_survives_an_actor_kill(toy_overrides, ray_cluster, tmp_path):
-    extra = ["method.name=feddadil", "method.samples_per_atom=40", "method.batch_size=20", "method.classifier_steps=30", "run.rounds=3"]
+    extra = ["method.name=feddadil", "method.samples_per_atom=40", "method.batch_size=20", "method.classifier_steps=30", "run.rounds=3",
+             "resources.call_timeout_s=60"]
     calm = run_experiment(load_config(None, toy_overrides + extra), tmp_path / "calm")
     stormy = run_experiment(load_config(None, toy_overrides + extra + ["run.inject_faults=2"]), tmp_path / "stormy")
     assert _without_wall(calm.summary) == _without_wall(stormy.summary)
