@@ -21,6 +21,18 @@ def tree_rss_bytes(root_pid: int | None = None) -> tuple[int, int]:
     return total, len(processes)
 
 
+def tree_pss_bytes(root_pid: int | None = None) -> int:
+    """Proportional set size of a process tree: shared library pages divided among their users."""
+    root = psutil.Process(root_pid or os.getpid())
+    total = 0
+    for proc in [root] + root.children(recursive=True):
+        try:
+            total += proc.memory_full_info().pss
+        except (psutil.NoSuchProcess, psutil.AccessDenied, AttributeError):
+            pass
+    return total
+
+
 def ray_processes_rss() -> tuple[int, int]:
     """Resident memory of every Ray process on this machine (raylet, GCS, workers) plus this driver."""
     total, count = tree_rss_bytes()

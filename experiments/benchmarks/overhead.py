@@ -27,7 +27,7 @@ import time
 import numpy as np
 import torch
 
-from experiments.benchmarks._common import Timer, machine, ray_processes_rss, tree_rss_bytes
+from experiments.benchmarks._common import Timer, machine, tree_pss_bytes, tree_rss_bytes
 
 SEED = 0
 ROUNDS = 5
@@ -121,6 +121,7 @@ def main() -> None:
         rows = []
         floor_seconds, floor_acc, floor_detail = floor(load_config(None, job_overrides(root, cache, "local")))
         floor_rss, _ = tree_rss_bytes()
+        floor_pss = tree_pss_bytes()
         rows.append(("floor (plain torch loop)", floor_seconds, floor_seconds, floor_acc))
         with Timer() as local_total:
             local = run_experiment(load_config(None, job_overrides(root, cache, "local")))
@@ -133,10 +134,20 @@ def main() -> None:
             with Timer() as start:
                 ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR")
             startup = start.seconds
-            with Timer() as ray_total:
-                remote = run_experiment(load_config(None, job_overrides(root, cache, "ray")))
+            from experiments.benchmarks.scale import PeakMemory
+            from fedsim.runtime.callbacks import Callback
+
+            sampled = {}
+
+            class Sample(Callback):  # memory of the driver and every Ray process while the actors are alive
+                def on_round_end(self, simulator, metrics):
+                    if metrics["round"] == ROUNDS:
+                        sampled["pss"] = tree_pss_bytes()
+
+            with PeakMemory() as peak, Timer() as ray_total:
+                remote = run_experiment(load_config(None, job_overrides(root, cache, "ray")), callbacks=[Sample()])
             ray_rounds = sum(m["round_seconds"] for m in remote.history)
-            ray_rss, ray_procs = ray_processes_rss()
+            ray_rss, ray_procs, ray_pss = peak.peak, peak.processes, sampled.get("pss", 0)
             rows.append(("fedsim Ray backend (2 actors)", ray_total.seconds, ray_rounds, remote.summary["target_accuracy"]))
             ray.shutdown()
     print(f"fedavg-lenet-10 overhead benchmark, {machine()}")
@@ -147,7 +158,10 @@ def main() -> None:
     print(f"accuracies agree: {len({round(r[3], 6) for r in rows}) == 1}")
     if startup is not None:
         print(f"Ray cluster start-up: {startup:.2f} s (not in the rows above)")
-        print(f"resident memory: floor process {floor_rss / 2**30:.2f} GiB; driver + all Ray processes {ray_rss / 2**30:.2f} GiB in {ray_procs} processes")
+        print(
+            f"memory: floor process RSS {floor_rss / 2**30:.2f} GiB (PSS {floor_pss / 2**30:.2f}); driver + all Ray processes "
+            f"peak RSS {ray_rss / 2**30:.2f} GiB in {ray_procs} processes (PSS {ray_pss / 2**30:.2f} GiB)"
+        )
     print(f"whole process: {time.perf_counter() - process_start:.1f} s")
 
 
