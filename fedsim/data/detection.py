@@ -125,6 +125,28 @@ class DetectionDomain(Domain):
             raise ValueError("one class name per class")
 
 
+    @classmethod
+    def from_uint8(
+        cls, name: str, train_x: np.ndarray, train: Annotations, test_x: np.ndarray, test: Annotations,
+        class_names: tuple[str, ...], subsample_limit=None, subsample_rng=None,
+    ) -> "DetectionDomain":
+        """A domain from cached uint8 images, the training part optionally subsampled to ``subsample_limit``."""
+        if subsample_limit is not None and subsample_limit < len(train_x):
+            keep = np.sort(subsample_rng.permutation(len(train_x))[:subsample_limit])
+            train_x, train = train_x[keep], train.subset(keep)
+        return cls(
+            name=name,
+            train_x=train_x.astype(np.float32) / np.float32(255.0),
+            train_y=np.arange(len(train_x), dtype=np.int64),
+            test_x=test_x.astype(np.float32) / np.float32(255.0),
+            test_y=np.arange(len(test_x), dtype=np.int64),
+            num_classes=len(class_names),
+            train_annotations=train,
+            test_annotations=test,
+            class_names=tuple(class_names),
+        )
+
+
 def is_detection_benchmark(benchmark_cls) -> bool:
     return getattr(benchmark_cls, "task", "classification") == "detection"
 

@@ -7,16 +7,15 @@ killed at any moment leaves either the previous or the new checkpoint.
 """
 from __future__ import annotations
 
-import os
 import pickle
 import random
-import tempfile
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from fedsim.errors import UserError
+from fedsim.runtime.files import atomic_write_bytes
 
 CHECKPOINT_FILE = "checkpoint.pkl"
 FORMAT = 1
@@ -34,17 +33,7 @@ def restore_rng_states(states: dict) -> None:
 
 def save_checkpoint(run_dir: Path, payload: dict) -> Path:
     path = Path(run_dir) / CHECKPOINT_FILE
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".checkpoint.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            pickle.dump({"format": FORMAT, **payload}, fh, protocol=pickle.HIGHEST_PROTOCOL)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    atomic_write_bytes(path, pickle.dumps({"format": FORMAT, **payload}, protocol=pickle.HIGHEST_PROTOCOL))
     return path
 
 

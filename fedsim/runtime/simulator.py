@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import tempfile
 import time
 from pathlib import Path
 from typing import Optional
@@ -17,23 +15,9 @@ from typing import Optional
 from fedsim.config import ExperimentConfig, dump_yaml
 from fedsim.runtime.callbacks import Callback, EarlyStopping, MetricsFile, ProgressBar, TensorBoard
 from fedsim.runtime.checkpoint import restore_rng_states, rng_states, save_checkpoint
+from fedsim.runtime.files import atomic_write_text
 
 log = logging.getLogger(__name__)
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
 
 
 def default_callbacks(config: ExperimentConfig, out_dir: Optional[Path]) -> list[Callback]:

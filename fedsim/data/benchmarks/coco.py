@@ -226,19 +226,8 @@ class CocoBenchmark(Benchmark):
                 raise UserError(f"{path}: no {split} images: mark some images with \"split\": \"{split}\" or remove the 'split' fields")
             arrays[split] = (np.stack(images), Annotations.from_lists(split_boxes, split_labels))
         train_x, train = arrays["train"]
-        limit = self.config.max_train_per_domain
-        if limit is not None and limit < len(train_x):
-            keep = np.sort(rng_for(self.config.seed, _KEY_SUBSAMPLE).permutation(len(train_x))[:limit])
-            train_x, train = train_x[keep], train.subset(keep)
         test_x, test = arrays["test"]
-        return DetectionDomain(
-            name=domain,
-            train_x=train_x.astype(np.float32) / np.float32(255.0),
-            train_y=np.arange(len(train_x), dtype=np.int64),
-            test_x=test_x.astype(np.float32) / np.float32(255.0),
-            test_y=np.arange(len(test_x), dtype=np.int64),
-            num_classes=len(classes),
-            train_annotations=train,
-            test_annotations=test,
-            class_names=classes,
+        return DetectionDomain.from_uint8(
+            domain, train_x, train, test_x, test, classes,
+            subsample_limit=self.config.max_train_per_domain, subsample_rng=rng_for(self.config.seed, _KEY_SUBSAMPLE),
         )

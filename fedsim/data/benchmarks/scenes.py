@@ -373,22 +373,10 @@ class ScenesBenchmark(Benchmark):
     def _make_domain(self, domain: str) -> DetectionDomain:
         arrays = self.build_arrays(domain)
         train_x = arrays["train_x"]
-        train = Annotations.from_arrays(arrays, "train")
-        limit = self.config.max_train_per_domain
-        if limit is not None and limit < len(train_x):
-            keep = np.sort(rng_for(self.config.seed, _KEY_SUBSAMPLE + SPECS[domain].key).permutation(len(train_x))[:limit])
-            train_x, train = train_x[keep], train.subset(keep)
-        test_x = arrays["test_x"]
-        return DetectionDomain(
-            name=domain,
-            train_x=train_x.astype(np.float32) / np.float32(255.0),
-            train_y=np.arange(len(train_x), dtype=np.int64),
-            test_x=test_x.astype(np.float32) / np.float32(255.0),
-            test_y=np.arange(len(test_x), dtype=np.int64),
-            num_classes=len(CLASSES),
-            train_annotations=train,
-            test_annotations=Annotations.from_arrays(arrays, "test"),
-            class_names=CLASSES,
+        return DetectionDomain.from_uint8(
+            domain, train_x, Annotations.from_arrays(arrays, "train"), arrays["test_x"], Annotations.from_arrays(arrays, "test"),
+            CLASSES, subsample_limit=self.config.max_train_per_domain,
+            subsample_rng=rng_for(self.config.seed, _KEY_SUBSAMPLE + SPECS[domain].key),
         )
 
 
