@@ -132,8 +132,8 @@ def atom_drift(versions: list[tuple[np.ndarray, np.ndarray]], p: DictionaryParam
     total, count = 0.0, 0
     for i in range(len(versions)):
         for j in range(i + 1, len(versions)):
-            xi, li = (torch.from_numpy(np.asarray(a)) for a in versions[i])
-            xj, lj = (torch.from_numpy(np.asarray(a)) for a in versions[j])
+            xi, li = (torch.tensor(np.asarray(a)) for a in versions[i])
+            xj, lj = (torch.tensor(np.asarray(a)) for a in versions[j])
             for k in range(xi.shape[0]):
                 yi, yj = torch.softmax(li[k], -1), torch.softmax(lj[k], -1)
                 beta = label_weight(p, xi[k], xj[k])

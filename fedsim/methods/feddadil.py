@@ -153,8 +153,8 @@ class FedDaDiL(FedAvg):
         """The client's train and test features, computed once after the encoder stage."""
         if "weights" in instruction.tensors:
             load_numpy(state["model"], instruction.tensors["weights"])
-            state["feature_mean"] = torch.from_numpy(np.asarray(instruction.tensors["feature_mean"]))
-            state["feature_std"] = torch.from_numpy(np.asarray(instruction.tensors["feature_std"]))
+            state["feature_mean"] = torch.tensor(np.asarray(instruction.tensors["feature_mean"]))
+            state["feature_std"] = torch.tensor(np.asarray(instruction.tensors["feature_std"]))
             state.pop("train_features", None)
         if "train_features" not in state:
             state["train_features"] = self.encode(state, data.train.x).float()
@@ -190,8 +190,8 @@ class FedDaDiL(FedAvg):
         if "atoms_x" not in instruction.tensors:
             return super().evaluate(instruction, state, data)
         _, test_x = self.features(state, data, instruction)
-        atoms_x = torch.from_numpy(np.asarray(instruction.tensors["atoms_x"]))
-        atoms_logits = torch.from_numpy(np.asarray(instruction.tensors["atoms_logits"]))
+        atoms_x = torch.tensor(np.asarray(instruction.tensors["atoms_x"]))
+        atoms_logits = torch.tensor(np.asarray(instruction.tensors["atoms_logits"]))
         alpha = self.client_alpha(instruction, state)
         seed = instruction.config["seed"] % (1 << 31)
         y = torch.from_numpy(data.test.y)
