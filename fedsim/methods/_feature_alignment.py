@@ -179,7 +179,7 @@ class FeatureAlignment(FedAvg):
             raise ValueError("fit needs labels: only source clients train, the target client only sends features")
         model, domain_loss = state["model"], state["domain_loss"]
         load_numpy(model, {k: v for k, v in instruction.tensors.items() if k != TARGET_FEATURES})
-        target = torch.from_numpy(np.asarray(instruction.tensors[TARGET_FEATURES])).to(self.device)
+        target = torch.tensor(np.asarray(instruction.tensors[TARGET_FEATURES])).to(self.device)
         optimizer = make_optimizer(nn.ModuleList([model, domain_loss]), self.config.method)  # fresh each round
         x, y = torch.from_numpy(data.train.x), torch.from_numpy(data.train.y)
         epochs, batch_size = self.config.method.local_epochs, self.config.method.batch_size

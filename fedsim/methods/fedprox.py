@@ -30,7 +30,7 @@ class FedProx(FedAvg):
             nonlocal anchors
             if anchors is None:
                 anchors = {
-                    name: torch.from_numpy(instruction.tensors[name]).to(p.device) for name, p in model.named_parameters()
+                    name: torch.tensor(instruction.tensors[name]).to(p.device) for name, p in model.named_parameters()
                 }
             return 0.5 * mu * sum(((p - anchors[name]) ** 2).sum() for name, p in model.named_parameters())
 
