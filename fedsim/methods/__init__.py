@@ -1,7 +1,4 @@
-"""Federated methods, one file each; every module here is imported so it registers."""
-from fedsim.discovery import import_submodules
+"""Federated methods, one file each, named after the method; ``METHODS.get(name)`` imports it on demand."""
 from fedsim.methods.base import Method
-
-import_submodules(__name__)
 
 __all__ = ["Method"]

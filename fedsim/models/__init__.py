@@ -1,16 +1,15 @@
 """Models with an explicit encoder / head split (no forward hooks).
 
 ``build_model(model_config, input_shape, num_classes)`` picks a registered
-model; ``"auto"`` chooses ``cnn`` for C x H x W inputs and ``mlp`` for vectors.
+model; ``"auto"`` chooses ``cnn`` for C x H x W inputs and ``mlp`` for vectors. Model
+files are imported on demand by the registry (the detector, which needs
+torchvision, only by the detection methods).
 """
 from __future__ import annotations
 
 from fedsim.errors import UserError
 from fedsim.models.classifier import Classifier
-from fedsim.discovery import import_submodules
 from fedsim.registry import MODELS
-
-import_submodules(__name__)  # every model file registers itself
 
 
 def build_model(model_config, input_shape: tuple[int, ...], num_classes: int) -> Classifier:

@@ -1,4 +1,1 @@
-"""Built-in benchmarks, one file each; every module here is imported so it registers in BENCHMARKS."""
-from fedsim.discovery import import_submodules
-
-import_submodules(__name__)
+"""Built-in benchmarks, one file each, named after the benchmark; ``BENCHMARKS.get(name)`` imports it on demand."""
