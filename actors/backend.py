@@ -87,9 +87,11 @@ class RayServerProxy:
         count, self.assignment, gpus = plan_actors(config, federation)
         hosted = tuple(tuple(sorted(cid for cid, a in self.assignment.items() if a == index)) for index in range(count))
         spec = ActorSpec(config, federation, hosted, "cuda" if gpus > 0 else "cpu", config.resources.cpus_per_client, gpus)
+        # All actors start at once (each imports torch and its method: start-up runs in parallel); an actor whose
+        # constructor fails surfaces here, before round 1.
         self.client_actors = [spec.create(index) for index in range(count)]
-        ray.get([a.ready.remote() for a in self.client_actors])
         self.server = ray.remote(ServerActor).options(num_cpus=0).remote(config, federation, self.client_actors, spec)
+        ray.get([a.ready.remote() for a in self.client_actors] + [self.server.ready.remote()])
         log.info("ray backend: %d client actors for %d clients", count, len(federation.clients))
 
     def run_round(self, rnd: int, evaluate: bool) -> dict:

@@ -19,6 +19,9 @@ class ServerActor:
         )
         self.server = Server(config, federation, executor)
 
+    def ready(self) -> bool:
+        return True
+
     def run_round(self, rnd: int, evaluate: bool) -> dict:
         return self.server.run_round(rnd, evaluate)
 

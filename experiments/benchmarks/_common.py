@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import platform
+import threading
 import time
 
 import psutil
@@ -61,3 +62,29 @@ class Timer:
 
     def __exit__(self, *exc):
         self.seconds = time.perf_counter() - self.start
+
+
+class PeakMemory:
+    """Samples the resident memory of this process tree (driver + Ray) in the background."""
+
+    def __init__(self, interval: float = 0.25):
+        self.interval = interval
+        self.peak = 0
+        self.processes = 0
+        self._stop = threading.Event()
+
+    def __enter__(self):
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        return self
+
+    def _run(self):
+        while not self._stop.is_set():
+            rss, count = tree_rss_bytes()
+            if rss > self.peak:
+                self.peak, self.processes = rss, count
+            time.sleep(self.interval)
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()

@@ -9,29 +9,38 @@ torch thread per client. Evaluation once, after round 5, on the usps domain
 1. floor: a plain serial torch loop, no framework;
 2. fedsim, local backend (serial);
 3. fedsim, Ray backend (2 client actors on this 2-core machine), cluster
-   start-up timed separately.
+   start-up and shutdown timed separately from the rounds.
 
     python -m experiments.benchmarks.overhead
 
-Prints wall times, ratios to the floor, final accuracies (which must agree) and
-resident memory. Targets (issue 7): Ray round time <= 0.65x the floor.
+Each way runs in a fresh child process (same data, its own cache), so the
+"whole process" figure is start to exit: interpreter, imports, data, Ray start
+and stop. Prints round and whole-process times with their ratios to the floor,
+final accuracies (which must agree), peak resident memory of each process tree
+and its PSS (shared library pages divided among the processes that map them).
+Targets (issue 7): Ray round time <= 0.65x the floor; whole process and memory
+at most half of Flower's (2.9x the floor; 2.3 GB).
 """
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
+import subprocess
+import sys
 import tempfile
-import time
 
 import numpy as np
 import torch
+import torch._dynamo  # noqa: F401  (the first optimizer step imports it, ~1 s: an import, not round time)
 
-from experiments.benchmarks._common import Timer, machine, tree_pss_bytes, tree_rss_bytes
+from experiments.benchmarks._common import PeakMemory, Timer, machine, tree_pss_bytes
 
 SEED = 0
 ROUNDS = 5
 CLIENTS = 10
+RESULT_TAG = "OVERHEAD-RESULT "
 
 
 def write_job_data(root: str) -> None:
@@ -97,72 +106,97 @@ def floor(config) -> tuple[float, float, dict]:
                 mean = sum(w * u[name].double() for w, (_, u) in zip(weights, updates))
                 averaged[name] = mean.round().to(value.dtype) if not value.is_floating_point() else mean.to(value.dtype)
             global_weights = averaged
-    model.load_state_dict(global_weights)
-    model.eval()
-    accuracy = {}
-    with torch.no_grad():
-        for name, clients in (("usps", targets), ("mnist", sources)):
-            correct = sum(int((model(torch.from_numpy(c.test.x)).argmax(1) == torch.from_numpy(c.test.y)).sum()) for c in clients)
-            accuracy[name] = correct / sum(len(c.test) for c in clients)
+        # evaluation after round 5 is part of the job (fedsim times it inside round 5)
+        model.load_state_dict(global_weights)
+        model.eval()
+        accuracy = {}
+        with torch.no_grad():
+            for name, clients in (("usps", targets), ("mnist", sources)):
+                correct = sum(int((model(torch.from_numpy(c.test.x)).argmax(1) == torch.from_numpy(c.test.y)).sum()) for c in clients)
+                accuracy[name] = correct / sum(len(c.test) for c in clients)
     return rounds.seconds, accuracy["usps"], accuracy
+
+
+def run_way(way: str, root: str, cache: str) -> dict:
+    """Run one way in this (fresh) process; return its figures."""
+    from experiments.run import run_experiment
+    from fedsim.config import load_config
+
+    if way == "floor":
+        with PeakMemory() as peak:
+            seconds, accuracy, detail = floor(load_config(None, job_overrides(root, cache, "local")))
+        return {"rounds_s": seconds, "accuracy": accuracy, "detail": detail, "rss": peak.peak, "processes": peak.processes, "pss": tree_pss_bytes()}
+    if way == "local":
+        with PeakMemory() as peak:
+            result = run_experiment(load_config(None, job_overrides(root, cache, "local")))
+        return {"rounds_s": sum(m["round_seconds"] for m in result.history), "accuracy": result.summary["target_accuracy"],
+                "rss": peak.peak, "processes": peak.processes, "pss": tree_pss_bytes()}
+    import ray
+
+    from fedsim.runtime.callbacks import Callback
+
+    sampled = {}
+
+    class Sample(Callback):  # PSS of the driver and every Ray process while the actors are alive
+        def on_round_end(self, simulator, metrics):
+            if metrics["round"] == ROUNDS:
+                sampled["pss"] = tree_pss_bytes()
+
+    with PeakMemory() as peak:
+        with Timer() as start:
+            ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR")
+        with Timer() as run:
+            result = run_experiment(load_config(None, job_overrides(root, cache, "ray")), callbacks=[Sample()])
+    rounds = sum(m["round_seconds"] for m in result.history)
+    with Timer() as stop:
+        ray.shutdown()
+    return {"rounds_s": rounds, "accuracy": result.summary["target_accuracy"], "rss": peak.peak, "processes": peak.processes,
+            "pss": sampled.get("pss", 0), "ray_init_s": start.seconds, "run_s": run.seconds, "shutdown_s": stop.seconds}
+
+
+WAYS = (("floor", "floor: plain serial torch loop"), ("local", "fedsim local backend"), ("ray", "fedsim Ray backend (2 actors)"))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--skip-ray", action="store_true")
+    parser.add_argument("--way", choices=[w for w, _ in WAYS], help=argparse.SUPPRESS)  # internal: one way in a child process
+    parser.add_argument("--root", help=argparse.SUPPRESS)
+    parser.add_argument("--cache", help=argparse.SUPPRESS)
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
-    from experiments.run import run_experiment
-    from fedsim.config import load_config
-
-    process_start = time.perf_counter()
-    with tempfile.TemporaryDirectory() as root, tempfile.TemporaryDirectory() as cache:
+    if args.way:
+        print(RESULT_TAG + json.dumps(run_way(args.way, args.root, args.cache)))
+        return
+    rows = {}
+    with tempfile.TemporaryDirectory() as root:
         write_job_data(root)
-        rows = []
-        floor_seconds, floor_acc, floor_detail = floor(load_config(None, job_overrides(root, cache, "local")))
-        floor_rss, _ = tree_rss_bytes()
-        floor_pss = tree_pss_bytes()
-        rows.append(("floor (plain torch loop)", floor_seconds, floor_seconds, floor_acc))
-        with Timer() as local_total:
-            local = run_experiment(load_config(None, job_overrides(root, cache, "local")))
-        local_rounds = sum(m["round_seconds"] for m in local.history)
-        rows.append(("fedsim local backend", local_total.seconds, local_rounds, local.summary["target_accuracy"]))
-        startup = None
-        if not args.skip_ray:
-            import ray
-
-            with Timer() as start:
-                ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR")
-            startup = start.seconds
-            from experiments.benchmarks.scale import PeakMemory
-            from fedsim.runtime.callbacks import Callback
-
-            sampled = {}
-
-            class Sample(Callback):  # memory of the driver and every Ray process while the actors are alive
-                def on_round_end(self, simulator, metrics):
-                    if metrics["round"] == ROUNDS:
-                        sampled["pss"] = tree_pss_bytes()
-
-            with PeakMemory() as peak, Timer() as ray_total:
-                remote = run_experiment(load_config(None, job_overrides(root, cache, "ray")), callbacks=[Sample()])
-            ray_rounds = sum(m["round_seconds"] for m in remote.history)
-            ray_rss, ray_procs, ray_pss = peak.peak, peak.processes, sampled.get("pss", 0)
-            rows.append(("fedsim Ray backend (2 actors)", ray_total.seconds, ray_rounds, remote.summary["target_accuracy"]))
-            ray.shutdown()
+        for way, _ in WAYS:
+            if way == "ray" and args.skip_ray:
+                continue
+            with tempfile.TemporaryDirectory() as cache, Timer() as whole:  # a fresh process and a fresh cache per way
+                child = subprocess.run([sys.executable, "-m", "experiments.benchmarks.overhead", "--way", way, "--root", root, "--cache", cache],
+                                       capture_output=True, text=True, check=False)
+            lines = [ln for ln in child.stdout.splitlines() if ln.startswith(RESULT_TAG)]
+            if child.returncode != 0 or not lines:
+                raise SystemExit(f"the {way} way failed (exit {child.returncode}):\n{child.stderr[-3000:]}")
+            rows[way] = json.loads(lines[-1][len(RESULT_TAG):]) | {"whole_s": whole.seconds}
+    floor_rounds, floor_whole = rows["floor"]["rounds_s"], rows["floor"]["whole_s"]
     print(f"fedavg-lenet-10 overhead benchmark, {machine()}")
-    print(f"{'way':32s} {'wall s':>8s} {'rounds s':>9s} {'rounds / floor':>15s} {'usps acc':>9s}")
-    for name, wall, rounds, acc in rows:
-        print(f"{name:32s} {wall:8.2f} {rounds:9.2f} {rounds / floor_seconds:15.2f} {acc:9.4f}")
-    print(f"floor accuracies: {floor_detail}")
-    print(f"accuracies agree: {len({round(r[3], 6) for r in rows}) == 1}")
-    if startup is not None:
-        print(f"Ray cluster start-up: {startup:.2f} s (not in the rows above)")
-        print(
-            f"memory: floor process RSS {floor_rss / 2**30:.2f} GiB (PSS {floor_pss / 2**30:.2f}); driver + all Ray processes "
-            f"peak RSS {ray_rss / 2**30:.2f} GiB in {ray_procs} processes (PSS {ray_pss / 2**30:.2f} GiB)"
-        )
-    print(f"whole process: {time.perf_counter() - process_start:.1f} s")
+    print("each way runs in a fresh process; 'whole' is that process from start to exit (imports, data, Ray start and stop)")
+    print(f"{'way':32s} {'rounds s':>9s} {'rounds/floor':>13s} {'whole s':>8s} {'whole/floor':>12s} {'peak RSS GiB':>13s} {'PSS GiB':>8s} {'procs':>6s} {'usps acc':>9s}")
+    for way, label in WAYS:
+        if way not in rows:
+            continue
+        r = rows[way]
+        print(f"{label:32s} {r['rounds_s']:9.2f} {r['rounds_s'] / floor_rounds:13.2f} {r['whole_s']:8.2f} {r['whole_s'] / floor_whole:12.2f} "
+              f"{r['rss'] / 2**30:13.2f} {r['pss'] / 2**30:8.2f} {r['processes']:6d} {r['accuracy']:9.4f}")
+    print(f"floor accuracies: {rows['floor']['detail']}")
+    print(f"accuracies agree: {len({round(r['accuracy'], 6) for r in rows.values()}) == 1}")
+    if "ray" in rows:
+        r = rows["ray"]
+        print(f"Ray backend: cluster start-up {r['ray_init_s']:.2f} s, run_experiment {r['run_s']:.2f} s "
+              f"(of which rounds {r['rounds_s']:.2f} s), shutdown {r['shutdown_s']:.2f} s")
 
 
 if __name__ == "__main__":

@@ -16,12 +16,11 @@ import argparse
 import logging
 import os
 import tempfile
-import threading
 import time
 
 import numpy as np
 
-from experiments.benchmarks._common import machine, tree_rss_bytes
+from experiments.benchmarks._common import PeakMemory, machine
 
 PER_DOMAIN = 25_000
 
@@ -33,32 +32,6 @@ def write_features(root: str, seed: int = 0) -> None:
         y = rng.integers(0, 10, PER_DOMAIN)
         x = centers[y] + rng.normal(0, 1.0, size=(PER_DOMAIN, 32)) + 0.3 * d
         np.savez(os.path.join(root, f"d{d}.npz"), x=x.astype(np.float32), y=y.astype(np.int64))
-
-
-class PeakMemory:
-    """Samples the resident memory of this process tree (driver + Ray) in the background."""
-
-    def __init__(self, interval: float = 0.25):
-        self.interval = interval
-        self.peak = 0
-        self.processes = 0
-        self._stop = threading.Event()
-
-    def __enter__(self):
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-        return self
-
-    def _run(self):
-        while not self._stop.is_set():
-            rss, count = tree_rss_bytes()
-            if rss > self.peak:
-                self.peak, self.processes = rss, count
-            time.sleep(self.interval)
-
-    def __exit__(self, *exc):
-        self._stop.set()
-        self._thread.join()
 
 
 def run_size(overrides: list[str], label: str) -> None:
