@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Optional
 
 from fedsim.config import ExperimentConfig
-from fedsim.data.scenario import Federation, build_federation
+from fedsim.data.scenario import Federation, build_federation, forget_domain_data
 from fedsim.runtime import LocalExecutor, Server, Simulator
 
 log = logging.getLogger(__name__)
@@ -44,6 +44,7 @@ def run_experiment(
         from actors.backend import RayServerProxy, connect
 
         started_ray = connect(config.run.address, num_cpus=num_cpus)
+        forget_domain_data(config.data)  # the actors build their own data; the driver needs only the description
         server = None
     try:
         if server is None:

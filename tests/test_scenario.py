@@ -59,3 +59,23 @@ def test_per_domain_standardization(toy_overrides):
 def test_bad_normalization_name(toy_overrides):
     with pytest.raises(UserError, match="data.normalization"):
         load_config(None, toy_overrides + ["data.normalization=zscore"])
+
+
+def test_client_host_frees_a_domain_once_its_clients_hold_their_data(toy_overrides):
+    """A host keeps one copy of each client's data, not the full domain arrays beside them (memory at 1,000 clients)."""
+    from fedsim.data.scenario import get_benchmark
+    from fedsim.messages import Instruction
+    from fedsim.runtime.client_host import DATA_STATS, ClientHost
+
+    config = load_config(None, toy_overrides + ["data.clients_per_domain=2", "data.normalization=federated"])
+    federation = build_federation(config.data)
+    benchmark = get_benchmark(config.data)
+    dom0 = [c.client_id for c in federation.clients if c.domain == "dom0"]
+    expected = load_client_data(config.data, federation, dom0[0]).train.x.copy()
+    host = ClientHost(config, federation, dom0)
+    host.execute(dom0[0], Instruction(DATA_STATS, {}, {}))
+    assert "dom0" in benchmark._loaded  # one client of the domain still to build
+    host.execute(dom0[1], Instruction(DATA_STATS, {}, {}))
+    assert "dom0" not in benchmark._loaded
+    # a later request rebuilds the domain, bit-identical
+    np.testing.assert_array_equal(load_client_data(config.data, federation, dom0[0]).train.x, expected)

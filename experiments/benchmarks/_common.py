@@ -34,6 +34,22 @@ def tree_pss_bytes(root_pid: int | None = None) -> int:
     return total
 
 
+def tree_breakdown(root_pid: int | None = None) -> list[tuple[str, int]]:
+    """(short name, RSS bytes) of every process of the tree, largest first."""
+    root = psutil.Process(root_pid or os.getpid())
+    rows = []
+    for proc in [root] + root.children(recursive=True):
+        try:
+            cmd = proc.cmdline()
+            name = proc.name() if proc.name().startswith("ray::") else os.path.basename(cmd[-1] if len(cmd) > 1 else cmd[0] if cmd else proc.name())
+            if proc.pid == root.pid:
+                name = "driver"
+            rows.append((name[:40], proc.memory_info().rss))
+        except (psutil.NoSuchProcess, psutil.AccessDenied, IndexError):
+            pass
+    return sorted(rows, key=lambda r: -r[1])
+
+
 def ray_processes_rss() -> tuple[int, int]:
     """Resident memory of every Ray process on this machine (raylet, GCS, workers) plus this driver."""
     total, count = tree_rss_bytes()
@@ -71,6 +87,7 @@ class PeakMemory:
         self.interval = interval
         self.peak = 0
         self.processes = 0
+        self.breakdown: list[tuple[str, int]] = []  # (process, RSS) at the peak
         self._stop = threading.Event()
 
     def __enter__(self):
@@ -83,6 +100,7 @@ class PeakMemory:
             rss, count = tree_rss_bytes()
             if rss > self.peak:
                 self.peak, self.processes = rss, count
+                self.breakdown = tree_breakdown()
             time.sleep(self.interval)
 
     def __exit__(self, *exc):

@@ -24,6 +24,7 @@ at most half of Flower's (2.9x the floor; 2.3 GB).
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import logging
 import os
@@ -33,9 +34,8 @@ import tempfile
 
 import numpy as np
 import torch
-import torch._dynamo  # noqa: F401  (the first optimizer step imports it, ~1 s: an import, not round time)
 
-from experiments.benchmarks._common import PeakMemory, Timer, machine, tree_pss_bytes
+from experiments.benchmarks._common import PeakMemory, Timer, machine, tree_breakdown, tree_pss_bytes
 
 SEED = 0
 ROUNDS = 5
@@ -77,6 +77,7 @@ def floor(config) -> tuple[float, float, dict]:
     sources = [load_client_data(config.data, federation, cid) for cid in federation.source_ids]
     targets = [load_client_data(config.data, federation, cid) for cid in federation.target_ids]
     torch.set_num_threads(1)
+    importlib.import_module("torch._dynamo")  # the first optimizer step imports it (~1 s): an import, not round time
     torch.manual_seed(derive_seed(SEED, "model-init"))
     model = build_model(config.model, federation.input_shape, federation.num_classes)
     global_weights = {k: v.detach().clone() for k, v in model.state_dict().items()}
@@ -141,6 +142,7 @@ def run_way(way: str, root: str, cache: str) -> dict:
         def on_round_end(self, simulator, metrics):
             if metrics["round"] == ROUNDS:
                 sampled["pss"] = tree_pss_bytes()
+                sampled["breakdown"] = tree_breakdown()
 
     with PeakMemory() as peak:
         with Timer() as start:
@@ -151,7 +153,7 @@ def run_way(way: str, root: str, cache: str) -> dict:
     with Timer() as stop:
         ray.shutdown()
     return {"rounds_s": rounds, "accuracy": result.summary["target_accuracy"], "rss": peak.peak, "processes": peak.processes,
-            "pss": sampled.get("pss", 0), "ray_init_s": start.seconds, "run_s": run.seconds, "shutdown_s": stop.seconds}
+            "pss": sampled.get("pss", 0), "breakdown": sampled.get("breakdown", []), "ray_init_s": start.seconds, "run_s": run.seconds, "shutdown_s": stop.seconds}
 
 
 WAYS = (("floor", "floor: plain serial torch loop"), ("local", "fedsim local backend"), ("ray", "fedsim Ray backend (2 actors)"))
@@ -197,6 +199,7 @@ def main() -> None:
         r = rows["ray"]
         print(f"Ray backend: cluster start-up {r['ray_init_s']:.2f} s, run_experiment {r['run_s']:.2f} s "
               f"(of which rounds {r['rounds_s']:.2f} s), shutdown {r['shutdown_s']:.2f} s")
+        print("RSS by process at the last round (MiB): " + ", ".join(f"{name} {rss / 2**20:.0f}" for name, rss in r["breakdown"]))
 
 
 if __name__ == "__main__":

@@ -50,6 +50,7 @@ def run_size(overrides: list[str], label: str) -> None:
         f"median {np.median(train_rounds or rounds):6.3f} s  final eval round {rounds[-1]:6.2f} s  wall {wall:6.1f} s  "
         f"peak RSS {memory.peak / 2**30:5.2f} GiB ({memory.processes} processes)"
     )
+    print("    at the peak (MiB): " + ", ".join(f"{name} {rss / 2**20:.0f}" for name, rss in memory.breakdown))
 
 
 def main() -> None:

@@ -54,6 +54,19 @@ class Benchmark(ABC):
     def load(self, domain: str) -> Domain:
         """Return one domain (building and caching it if needed)."""
 
+    def forget(self, domain: Optional[str] = None) -> None:
+        """Drop built domains from memory (all of them when ``domain`` is None).
+
+        A later ``load`` rebuilds the domain (from the disk cache where the
+        benchmark has one). Benchmarks keep built domains in ``self._loaded``.
+        """
+        loaded = getattr(self, "_loaded", None)
+        if loaded is not None:
+            if domain is None:
+                loaded.clear()
+            else:
+                loaded.pop(domain, None)
+
     def describe(self) -> str:
         """One line for ``fedsim list``."""
         return (self.__doc__ or "").strip().splitlines()[0] if self.__doc__ else ""

@@ -64,10 +64,17 @@ def get_benchmark(data_config) -> Benchmark:
     return BENCHMARKS.get(data_config.benchmark)(data_config)
 
 
-@functools.lru_cache(maxsize=16)
 def get_domain(data_config, domain: str) -> Domain:
-    """One domain of the configured benchmark (benchmarks apply ``max_train_per_domain`` themselves)."""
+    """One domain of the configured benchmark, kept in memory by the benchmark until ``forget_domain_data``.
+
+    Benchmarks apply ``max_train_per_domain`` themselves.
+    """
     return get_benchmark(data_config).load(domain)
+
+
+def forget_domain_data(data_config, domain: str | None = None) -> None:
+    """Free a built domain (every domain when ``domain`` is None) once its clients hold their own copies."""
+    get_benchmark(data_config).forget(domain)
 
 
 def _partition(labels: np.ndarray, num_clients: int, data_config, domain: str, part: str, skew: bool) -> list[np.ndarray]:

@@ -14,7 +14,7 @@ import torch
 
 from fedsim.data import normalization
 from fedsim.data.base import ArraySplit, ClientData
-from fedsim.data.scenario import Federation, load_client_data
+from fedsim.data.scenario import Federation, forget_domain_data, load_client_data
 from fedsim.messages import Instruction, Reply
 
 #: operations the host answers itself, for every method: the federated standardization protocol
@@ -52,6 +52,10 @@ class ClientHost:
         self.threads = threads_for(config.resources.cpus_per_client)
         self._data: dict[int, Any] = {}
         self._state: dict[int, Any] = {}
+        self._unbuilt: dict[str, int] = {}  # domain -> hosted clients whose data is not built yet
+        for cid in self.client_ids:
+            domain = federation.info(cid).domain
+            self._unbuilt[domain] = self._unbuilt.get(domain, 0) + 1
 
     def _client(self, client_id: int):
         if client_id not in self.client_ids:
@@ -59,6 +63,10 @@ class ClientHost:
         if client_id not in self._data:  # lazily: only clients that are asked to work build their data
             self._data[client_id] = load_client_data(self.config.data, self.federation, client_id)
             self._state[client_id] = self.method.init_client(self._data[client_id])
+            domain = self.federation.info(client_id).domain
+            self._unbuilt[domain] -= 1
+            if self._unbuilt[domain] == 0:  # every hosted client of the domain holds its own copy: free the full arrays
+                forget_domain_data(self.config.data, domain)
         return self._data[client_id]
 
     def execute(self, client_id: int, instruction: Instruction) -> Reply:
