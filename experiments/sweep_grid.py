@@ -1,0 +1,235 @@
+"""The grid of `fedsim sweep`: the flags and ``--set`` lists -> a :class:`SweepSpec` (base config +
+axes), its grid points, and every point's checked config (:func:`prepare`)."""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import itertools
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+import yaml
+
+from fedsim.errors import UserError
+
+# Grid flags: flag -> (config key, column in results.csv, item type, example)
+GRID_FLAGS = {
+    "methods": ("method.name", "method", str, "fedavg,fedprox"),
+    "local_epochs": ("method.local_epochs", "local_epochs", int, "1,5"),
+    "seeds": ("run.seed", "seed", int, "0,1"),
+    "cpus_per_client": ("resources.cpus_per_client", "cpus_per_client", float, "0.5"),
+    "gpus_per_client": ("resources.gpus_per_client", "gpus_per_client", float, "0,0.25"),
+}
+ALWAYS_AXES = ("method.name", "method.local_epochs", "run.seed")  # columns every results.csv has
+COLUMNS = {key: column for key, column, _, _ in GRID_FLAGS.values()}
+FORBIDDEN_SET = {
+    "run.address": "pass --address instead",
+    "run.out": "pass --out instead",
+    "run.backend": "every trial runs on the Ray backend",
+}
+
+
+@dataclass
+class SweepSpec:
+    """What a sweep runs: one base config (the YAML file's sections + constant overrides) and the grid axes.
+
+    The YAML is read once, on the machine that starts the sweep, so trials on other nodes need no copy of it.
+    """
+
+    config_file: Optional[str]  # where ``base`` came from (for the record)
+    base: dict  # the YAML file's sections
+    overrides: list[str]
+    axes: dict[str, list] = field(default_factory=dict)  # config key -> values, in flag order
+
+    def points(self) -> list[dict[str, Any]]:
+        keys = list(self.axes)
+        return [dict(zip(keys, values)) for values in itertools.product(*(self.axes[k] for k in keys))]
+
+    def overrides_for(self, point: dict[str, Any]) -> list[str]:
+        """Constant overrides + the point's values; ``<method>.<key>`` applies to that method's trials only."""
+        from fedsim.config import SECTIONS
+
+        method = point.get("method.name")
+        out = []
+        for text in self.overrides:
+            key, value = text.split("=", 1)
+            section, name = key.split(".", 1)
+            if section in SECTIONS:
+                out.append(text)
+            elif section == method:
+                out.append(f"method.{name}={value}")
+        return out + [f"{key}={render(value)}" for key, value in point.items()]
+
+    def config_for(self, point: dict[str, Any], extra: tuple[str, ...] = ("run.progress=false",)):
+        """The point's ExperimentConfig. Method parameters of the YAML file (``method.mu``) are kept
+        for trials of the file's own method and left out for the other methods of the sweep."""
+        from fedsim.config import MethodConfig, load_config
+        from fedsim.registry import METHODS
+
+        raw = {k: dict(v or {}) for k, v in self.base.items()}
+        method = point.get("method.name")
+        section = raw.get("method")
+        if isinstance(section, dict) and method and section.get("name", MethodConfig.name) != method and method in METHODS:
+            params = getattr(METHODS.get(method), "Params", None)
+            valid = {f.name for f in dataclasses.fields(MethodConfig)} | ({f.name for f in dataclasses.fields(params)} if params else set())
+            raw["method"] = {k: v for k, v in section.items() if k in valid}
+        try:
+            return load_config(None, self.overrides_for(point) + list(extra), base=raw)
+        except UserError as exc:
+            if "unknown config key 'method." not in str(exc):
+                raise
+            raise UserError(f"{exc} (in the trials of {method}): set a method's own parameter for its trials only "
+                            "with --set <method>.<key>=VALUE") from None
+
+    def to_json(self) -> str:
+        return json.dumps({"config_file": self.config_file, "base": self.base, "overrides": self.overrides, "axes": self.axes},
+                          indent=2, default=str) + "\n"
+
+    @classmethod
+    def from_json(cls, text: str) -> "SweepSpec":
+        raw = json.loads(text)
+        return cls(raw["config_file"], dict(raw["base"]), list(raw["overrides"]), dict(raw["axes"]))
+
+
+def render(value: Any) -> str:
+    """A grid value back to override text that YAML parses to the same value."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def point_key(point: dict[str, Any]) -> str:
+    return json.dumps({k: point[k] for k in sorted(point)}, sort_keys=True, default=str)
+
+
+def parse_list(flag: str, text: str, kind: type, example: str) -> list:
+    """'1,5' -> [1, 5]; empty items, wrong types and repeats are one-line errors."""
+    items = [item.strip() for item in str(text).split(",")]
+    if any(not item for item in items):
+        raise UserError(f"bad list for --{flag} {text!r}: give comma-separated values without blanks, e.g. --{flag} {example}")
+    values = []
+    for item in items:
+        try:
+            value = kind(item) if kind is not int else int(item, 10)
+        except ValueError:
+            raise UserError(f"bad value {item!r} in --{flag} {text!r}: give comma-separated {kind.__name__}s, e.g. --{flag} {example}") from None
+        if value in values:
+            raise UserError(f"--{flag} {text!r} lists {item!r} twice: give each value once")
+        values.append(value)
+    return values
+
+
+def parse_set(items: list[str]) -> tuple[list[str], dict[str, list]]:
+    """--set items -> (constant overrides, grid axes); a comma list outside [..] / {..} is an axis."""
+    from fedsim.config import SECTIONS, parse_override
+    from fedsim.registry import METHODS
+
+    constants: list[str] = []
+    axes: dict[str, list] = {}
+    seen: set[str] = set()
+    for text in items:
+        (section, key), _ = parse_override(text)  # checks the section.key=value shape
+        name = f"{section}.{key}"
+        if section not in SECTIONS:
+            if section not in METHODS:
+                raise UserError(f"unknown config section or method {section!r} in --set {text}: "
+                                f"use one of {', '.join(SECTIONS)}, or a method name for that method's trials only")
+            if "," in text.split("=", 1)[1] and not text.split("=", 1)[1].strip().startswith(("[", "{")):
+                raise UserError(f"--set {name} takes one value: sweep a method's own parameter with --methods {section} --set method.{key}=...")
+        if name in FORBIDDEN_SET:
+            raise UserError(f"--set {text} is not allowed in a sweep: {FORBIDDEN_SET[name]}")
+        if name in seen:
+            raise UserError(f"--set {name} given twice: give it once (a comma list makes it a grid axis)")
+        seen.add(name)
+        raw = text.split("=", 1)[1].strip()
+        if "," in raw and not raw.startswith(("[", "{")):
+            values = parse_list(f"set {name}=", raw, str, "0.01,0.1")
+            axes[name] = [_yaml_value(name, v) for v in values]
+        else:
+            constants.append(f"{name}={raw}")
+    return constants, axes
+
+
+def _yaml_value(name: str, text: str) -> Any:
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError:
+        raise UserError(f"bad value {text!r} for --set {name}: give plain values such as 0.1, 5, true or a name") from None
+
+
+def spec_from_args(args: argparse.Namespace) -> SweepSpec:
+    """The flags -> a SweepSpec; the three main axes always exist (a single value when not given)."""
+    from fedsim.config import load_config, read_yaml
+    from fedsim.registry import METHODS, unknown_name_message
+
+    constants, set_axes = parse_set(list(args.set or []))
+    for flag, key in (("benchmark", "data.benchmark"), ("target", "data.target"), ("rounds", "run.rounds")):
+        value = getattr(args, flag, None)
+        if value is not None:
+            if "," in str(value):
+                raise UserError(f"--{flag} takes one value, got {value!r}: sweep it with --set {key}={value}")
+            if any(c.startswith(f"{key}=") for c in constants) or key in set_axes:
+                raise UserError(f"{key} given twice (--{flag} and --set): keep one")
+            constants.append(f"{key}={value}")
+    config_file = str(Path(args.config).resolve()) if args.config else None
+    base = load_config(config_file)  # checks the file; the overrides are checked with every grid point
+    raw = read_yaml(config_file) if config_file else {}
+    axes: dict[str, list] = {}
+    for flag, (key, _, kind, example) in GRID_FLAGS.items():
+        text = getattr(args, flag, None)
+        if text is None:
+            continue
+        if key in set_axes or any(c.startswith(f"{key}=") for c in constants):
+            raise UserError(f"{key} given twice (--{flag.replace('_', '-')} and --set): keep one")
+        values = parse_list(flag.replace("_", "-"), text, kind, example)
+        if len(values) == 1 and key not in ALWAYS_AXES:
+            constants.append(f"{key}={render(values[0])}")  # one value: a setting, not a column
+        else:
+            axes[key] = values
+    for name in axes.get("method.name", []):
+        if name not in METHODS:
+            raise UserError(unknown_name_message("method", name, METHODS.names(), "--methods"))
+    for key in ALWAYS_AXES:
+        if key not in axes and key not in set_axes:
+            section, name = key.split(".")
+            given = [c.split("=", 1)[1] for c in constants if c.split("=", 1)[0] == key]
+            axes[key] = [_yaml_value(key, given[0])] if given else [getattr(getattr(base, section), name)]
+    for key, values in set_axes.items():
+        axes[key] = values
+    constants = [c for c in constants if c.split("=", 1)[0] not in axes]
+    ordered = {key: axes[key] for key in ALWAYS_AXES}
+    ordered.update({key: values for key, values in axes.items() if key not in ordered})
+    return SweepSpec(config_file, raw, constants, ordered)
+
+
+def _absolute_paths(spec: SweepSpec, config) -> None:
+    """Trials run in Tune's trial directories: make relative data paths absolute up front."""
+    for key, value in (("data.root", config.data.root), ("data.cache_dir", config.data.cache_dir)):
+        if value and not Path(value).is_absolute() and key not in spec.axes:
+            spec.overrides = [o for o in spec.overrides if not o.startswith(f"{key}=")] + [f"{key}={Path(value).resolve()}"]
+
+
+def prepare(spec: SweepSpec) -> tuple[dict[str, Any], dict[str, int]]:
+    """Every grid point's config and client count: all bad input fails here, before Ray starts."""
+    from fedsim.data.scenario import build_federation
+
+    points = spec.points()
+    first = spec.config_for(points[0])
+    _absolute_paths(spec, first)
+    configs = {}
+    for point in points:
+        config = spec.config_for(point)
+        if config.data.root and not Path(config.data.root).is_absolute():
+            raise UserError(f"data.root {config.data.root!r} is relative: give an absolute path when sweeping it")
+        configs[point_key(point)] = config
+    clients: dict[str, int] = {}
+    federations: dict[Any, int] = {}
+    for key, config in configs.items():
+        if config.data not in federations:
+            federations[config.data] = len(build_federation(config.data).clients)
+        clients[key] = federations[config.data]
+    return configs, clients

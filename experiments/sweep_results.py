@@ -1,0 +1,113 @@
+"""Results of `fedsim sweep`: Tune's ResultGrid -> one record per trial (:func:`collect_records`),
+written as ``results.csv`` and ``rounds.csv`` (:func:`write_results`)."""
+from __future__ import annotations
+
+import csv
+import math
+from pathlib import Path
+from typing import Any, Optional
+
+from experiments.sweep_grid import COLUMNS, SweepSpec, point_key
+
+
+def _cell(value: Any) -> Any:
+    if value is None:
+        return None
+    try:
+        if isinstance(value, float) and math.isnan(value):
+            return None
+    except TypeError:
+        pass
+    if hasattr(value, "item"):  # numpy / pandas scalars
+        return value.item()
+    return value
+
+
+def _int(value: Any) -> Optional[int]:
+    value = _cell(value)
+    return None if value is None else int(value)
+
+
+def _history(rows: list[dict]) -> list[dict]:
+    """Per-round rows of one trial; a trial restarted by --resume starts its rounds again, keep the last attempt."""
+    history: list[dict] = []
+    for row in rows:
+        rnd = _cell(row.get("round"))
+        if rnd is None:
+            continue
+        if history and int(rnd) <= history[-1]["round"]:
+            history = []
+        history.append({
+            "round": int(rnd),
+            "target_accuracy": _cell(row.get("target_accuracy")),
+            "mean_source_accuracy": _cell(row.get("mean_source_accuracy")),
+            "bytes_total": (_int(row.get("bytes_sent_total")) or 0) + (_int(row.get("bytes_received_total")) or 0),
+        })
+    return history
+
+
+def collect_records(result_grid, spec: SweepSpec, configs: dict[str, Any]) -> list[dict]:
+    """Tune's ResultGrid -> the records of :mod:`experiments.report` (one per trial, with its rounds)."""
+    records = []
+    for result in result_grid:
+        point = {k: v for k, v in (result.config or {}).items() if "." in k}
+        config = configs.get(point_key(point))
+        frame = result.metrics_dataframe
+        rows = [] if frame is None else frame.to_dict("records")
+        history = _history(rows)
+        final = rows[-1] if rows and _cell(rows[-1].get("summary/rounds")) is not None else {}
+        if result.error:
+            status = "error"
+        elif final:
+            status = "finished"
+        else:
+            status = "interrupted" if history else "pending"
+        last = next((row for row in reversed(rows) if _cell(row.get("client_nodes"))), {})
+        trial_id = (result.metrics or {}).get("trial_id") or Path(str(result.path)).name
+        record = {
+            "trial_id": trial_id,
+            "status": status,
+            "params": {COLUMNS.get(k, k): v for k, v in point.items()},
+            "benchmark": config.data.benchmark if config else None,
+            "target": config.data.target if config else None,
+            "rounds": _int(final.get("summary/rounds")) or (history[-1]["round"] if history else 0),
+            "target_accuracy": _cell(final.get("summary/target_accuracy")),
+            "mean_source_accuracy": _cell(final.get("summary/mean_source_accuracy")),
+            "bytes_sent": _int(final.get("summary/bytes_sent")),
+            "bytes_received": _int(final.get("summary/bytes_received")),
+            "wall_seconds": _cell(final.get("summary/wall_seconds")),
+            "client_nodes": _cell(last.get("client_nodes")) or "",
+            "history": history,
+        }
+        if result.error:
+            text = str(result.error).strip()
+            record["error"] = text.splitlines()[-1][:300] if text else type(result.error).__name__
+        records.append(record)
+    order = {point_key(p): i for i, p in enumerate(spec.points())}
+    inverse = {v: k for k, v in COLUMNS.items()}
+    records.sort(key=lambda r: order.get(point_key({inverse.get(k, k): v for k, v in r["params"].items()}), len(order)))
+    return records
+
+
+def write_results(out: Path, records: list[dict]) -> tuple[Path, Path]:
+    """``results.csv`` (one row per trial) and ``rounds.csv`` (one row per trial and round)."""
+    param_names: list[str] = []
+    for record in records:
+        param_names += [k for k in record["params"] if k not in param_names]
+    results_path, rounds_path = out / "results.csv", out / "rounds.csv"
+    fields = ["trial_id", "status"] + param_names + ["benchmark", "target", "rounds", "target_accuracy", "mean_source_accuracy",
+                                                     "bytes_sent", "bytes_received", "wall_seconds", "client_nodes"]
+    if any(r.get("error") for r in records):
+        fields.append("error")
+    with results_path.open("w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=fields)
+        writer.writeheader()
+        for r in records:
+            writer.writerow({**{k: r.get(k) for k in fields if k not in param_names}, **r["params"]})
+    with rounds_path.open("w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=["trial_id", "round", "target_accuracy", "mean_source_accuracy", "bytes_total"])
+        writer.writeheader()
+        for r in records:
+            for h in r["history"]:
+                writer.writerow({"trial_id": r["trial_id"], **h})
+    return results_path, rounds_path

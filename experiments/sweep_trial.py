@@ -1,0 +1,140 @@
+"""One trial of `fedsim sweep`: the actors and resources it reserves (:func:`plan_trial`,
+:class:`TrialResources`) and what runs inside it (:func:`run_trial`, Tune's trainable, and the
+:class:`TuneReport` callback that sends every round's metrics to Tune)."""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from experiments.sweep_grid import SweepSpec, point_key
+from fedsim.errors import UserError
+from fedsim.runtime.callbacks import Callback
+
+TRIAL_CPUS = 0.1  # head bundle: the trial coordinator only waits on the ServerActor
+RUNS_DIR = "runs"  # the trials' run directories (metrics.jsonl, summary.json, tb/), one per trial id
+
+
+@dataclass(frozen=True)
+class TrialPlan:
+    actors: int
+    cpus: float
+    gpus: float
+
+    def bundles(self) -> list[dict[str, float]]:
+        client = {"CPU": self.cpus, "GPU": self.gpus} if self.gpus > 0 else {"CPU": self.cpus}
+        return [{"CPU": TRIAL_CPUS}] + [dict(client) for _ in range(self.actors)]
+
+
+def plan_trial(config, num_clients: int, cluster: dict[str, float]) -> TrialPlan:
+    """Client actors of one trial: one per client, at most ``resources.max_actors``, and few enough
+    that the whole trial fits in the cluster as it is now (so it can always be placed)."""
+    cpus = config.resources.cpus_per_client
+    gpus = config.resources.gpus_per_client if cluster.get("GPU", 0) > 0 else 0.0
+    total_cpus = cluster.get("CPU", 0.0)
+    if cpus + TRIAL_CPUS > total_cpus + 1e-9:
+        raise UserError(
+            f"a trial needs {cpus + TRIAL_CPUS:g} CPUs (one client actor at resources.cpus_per_client={cpus:g} + {TRIAL_CPUS:g} "
+            f"for the trial) but the Ray cluster has {total_cpus:g} now: lower --cpus-per-client, or wait for worker nodes (ray status)"
+        )
+    if gpus > cluster.get("GPU", 0.0) + 1e-9:
+        raise UserError(f"--gpus-per-client {gpus:g} is more than the {cluster['GPU']:g} GPUs of the Ray cluster: lower it")
+    count = num_clients
+    if config.resources.max_actors:
+        count = min(count, config.resources.max_actors)
+    count = min(count, math.floor((total_cpus - TRIAL_CPUS) / cpus + 1e-9))
+    if gpus > 0:
+        count = min(count, math.floor(cluster["GPU"] / gpus + 1e-9))
+    return TrialPlan(max(1, count), cpus, gpus)
+
+
+class TrialResources:
+    """``tune.with_resources`` callable: a trial's config -> its PlacementGroupFactory."""
+
+    def __init__(self, plans: dict[str, TrialPlan]):
+        self.plans = plans
+
+    def __call__(self, config: dict):
+        from ray import tune
+
+        point = {k: v for k, v in config.items() if "." in k}
+        return tune.PlacementGroupFactory(self.plans[point_key(point)].bundles(), strategy="PACK")
+
+
+def flatten(metrics: dict, prefix: str = "") -> dict[str, Any]:
+    """{'source_accuracy': {'usps': 0.9}} -> {'source_accuracy/usps': 0.9}; None values are dropped."""
+    flat: dict[str, Any] = {}
+    for key, value in metrics.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            flat.update(flatten(value, name + "/"))
+        elif value is not None:
+            flat[name] = value
+    return flat
+
+
+class TuneReport(Callback):
+    """Sends every round's metrics to Tune, with running byte totals, elapsed time and the
+    nodes of the trial's client actors (``client_nodes``, comma-separated node ids)."""
+
+    def __init__(self, report=None):
+        self._report = report
+        self.nodes = ""
+
+    def on_run_start(self, simulator) -> None:
+        self.started = time.perf_counter()
+        self.sent = self.received = 0
+        client_nodes = getattr(simulator.server, "client_nodes", None)
+        if callable(client_nodes):
+            self.nodes = ",".join(sorted(set(client_nodes())))
+
+    def on_round_end(self, simulator, metrics: dict) -> None:
+        self.sent += int(metrics.get("bytes_sent", 0))
+        self.received += int(metrics.get("bytes_received", 0))
+        row = flatten(metrics)
+        row.update(bytes_sent_total=self.sent, bytes_received_total=self.received,
+                   elapsed_seconds=round(time.perf_counter() - self.started, 3))
+        if self.nodes:
+            row["client_nodes"] = self.nodes
+        report = self._report
+        if report is None:
+            from ray import tune
+
+            report = tune.report
+        report(row)
+
+
+def run_trial(params: dict, spec_json: str = "", sweep_dir: str = "") -> None:
+    """Tune's trainable: one simulation with as many client actors as the trial reserved bundles.
+
+    Its run directory is ``<sweep>/runs/<trial id>`` (written on the node that runs the trial;
+    ``tune.get_context().get_trial_dir()`` is a scratch directory of the Ray session)."""
+    from ray import tune
+
+    from experiments.run import run_experiment
+    from fedsim.runtime.simulator import default_callbacks
+
+    context = tune.get_context()
+    request = context.get_trial_resources()
+    actors = len(request.bundles) - (0 if request.head_bundle_is_empty else 1)
+    point = {k: v for k, v in params.items() if "." in k}
+    spec = SweepSpec.from_json(spec_json)
+    config = spec.config_for(point, ("run.backend=ray", "run.progress=false", f"resources.max_actors={max(1, actors)}"))
+    out_dir = Path(sweep_dir) / RUNS_DIR / context.get_trial_id()
+    reporter = TuneReport()
+    result = run_experiment(config, out_dir, callbacks=default_callbacks(config, out_dir) + [reporter])
+    tune.report(summary_row(result.summary, reporter.nodes))
+
+
+def summary_row(summary: dict, nodes: str) -> dict:
+    """The last result of a trial: the run's summary under ``summary/`` (its presence marks the trial finished)."""
+    sources = list((summary.get("source_accuracy") or {}).values())
+    row = {f"summary/{key}": summary[key] for key in ("rounds", "target_accuracy", "bytes_sent", "bytes_received", "wall_seconds")
+           if summary.get(key) is not None}
+    if sources:
+        row["summary/mean_source_accuracy"] = sum(sources) / len(sources)
+    if nodes:
+        row["client_nodes"] = nodes
+    return row
