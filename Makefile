@@ -12,7 +12,7 @@ install: $(STAMP)
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -c constraints.txt -e '.[test]'
+	$(PY) -m pip install --quiet -c constraints.txt -e '.[test,detection]'
 	touch $(STAMP)
 
 run: $(STAMP)

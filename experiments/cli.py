@@ -151,6 +151,8 @@ def cmd_list() -> int:
     for name in METHODS.names():
         doc = (METHODS.get(name).__doc__ or "").strip().splitlines()
         print(f"  {name:12s} {doc[0] if doc else ''}")
+    for module, reason in sorted(METHODS.unavailable.items()):
+        print(f"  {module:12s} (not available: {reason})")
     print("benchmarks:")
     for name in BENCHMARKS.names():
         benchmark = get_benchmark(DataConfig(benchmark=name))

@@ -31,6 +31,7 @@ class Registry(Generic[T]):
         self.package = package
         self._entries: dict[str, T] = {}
         self._all_loaded = False
+        self.unavailable: dict[str, str] = {}  # module name -> missing optional dependency
 
     def register(self, name: str) -> Callable[[T], T]:
         def decorator(obj: T) -> T:
@@ -74,7 +75,7 @@ class Registry(Generic[T]):
         if not self._all_loaded:
             from fedsim.discovery import import_submodules
 
-            import_submodules(self.package)
+            self.unavailable = import_submodules(self.package)
             self._all_loaded = True
 
     def __iter__(self) -> Iterator[str]:

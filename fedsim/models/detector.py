@@ -30,13 +30,20 @@ from typing import Optional
 import numpy as np
 import torch
 from torch import nn
-from torchvision.models.detection._utils import BoxLinearCoder
-from torchvision.models.detection.anchor_utils import AnchorGenerator
-from torchvision.models.detection.fcos import FCOS, FCOSClassificationHead, FCOSHead, FCOSRegressionHead
-from torchvision.models.detection.image_list import ImageList
-from torchvision.ops.feature_pyramid_network import FeaturePyramidNetwork
 
-from fedsim.errors import UserError
+from fedsim.errors import MissingDependency, UserError
+
+try:
+    from torchvision.models.detection._utils import BoxLinearCoder
+    from torchvision.models.detection.anchor_utils import AnchorGenerator
+    from torchvision.models.detection.fcos import FCOS, FCOSClassificationHead, FCOSHead, FCOSRegressionHead
+    from torchvision.models.detection.image_list import ImageList
+    from torchvision.ops.feature_pyramid_network import FeaturePyramidNetwork
+except (ImportError, RuntimeError) as exc:  # torchvision is the optional "detection" extra (or does not match torch)
+    raise MissingDependency(
+        f"the detection methods need a working torchvision ({type(exc).__name__}: {str(exc).splitlines()[0]}): "
+        "pip install -c constraints.txt -e '.[detection]'"
+    ) from None
 
 STRIDES = (8, 16, 32)
 MEAN, STD = 0.5, 0.25
