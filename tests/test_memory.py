@@ -1,19 +1,10 @@
 """Memory stays flat over a long run: no growth of the driver or the object store after warm-up."""
-import re
-
 import psutil
 
+from experiments.benchmarks._common import plasma_mib
 from experiments.run import run_experiment
 from fedsim.config import load_config
 from fedsim.runtime.callbacks import Callback
-
-
-def plasma_mib(ray) -> float:
-    from ray._private.internal_api import memory_summary
-
-    text = memory_summary(address=ray.get_runtime_context().gcs_address, stats_only=True)
-    match = re.search(r"Plasma memory usage (\d+) MiB", text)
-    return float(match.group(1)) if match else 0.0
 
 
 def test_driver_and_object_store_memory_flat_over_100_rounds(toy_overrides, ray_cluster, tmp_path):
@@ -22,7 +13,7 @@ def test_driver_and_object_store_memory_flat_over_100_rounds(toy_overrides, ray_
     class Probe(Callback):
         def on_round_end(self, simulator, metrics):
             if metrics["round"] >= 10 and metrics["round"] % 5 == 0:
-                samples[metrics["round"]] = (psutil.Process().memory_info().rss, plasma_mib(ray_cluster))
+                samples[metrics["round"]] = (psutil.Process().memory_info().rss, plasma_mib())
 
     # a ~275 KB model: leaking one payload per round would add ~24 MiB over the late window
     config = load_config(None, toy_overrides + ["run.rounds=100", "run.eval_every=10", "run.checkpoint_every=0", "run.backend=ray", "model.hidden=256"])

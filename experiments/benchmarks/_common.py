@@ -67,6 +67,18 @@ def ray_processes_rss() -> tuple[int, int]:
     return total, count
 
 
+def plasma_mib() -> float:
+    """Object-store (plasma) memory in use on the connected Ray cluster, in MiB."""
+    import re
+
+    import ray
+    from ray._private.internal_api import memory_summary  # the store's own figure; no public API gives it
+
+    text = memory_summary(address=ray.get_runtime_context().gcs_address, stats_only=True)
+    match = re.search(r"Plasma memory usage (\d+) MiB", text)
+    return float(match.group(1)) if match else 0.0
+
+
 def machine() -> str:
     return f"{platform.machine()}, {psutil.cpu_count()} cores, {psutil.virtual_memory().total / 2**30:.0f} GiB, Python {platform.python_version()}, {time.strftime('%Y-%m-%d')}"
 
