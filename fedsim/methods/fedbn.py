@@ -1,0 +1,124 @@
+"""FedBN (Li, Jiang, Zhang, Kamp, Dou, ICLR 2021, Algorithm 1): FedAvg that keeps batch norm local.
+
+Each labeled source client keeps the weights, biases and running statistics of
+every batch-norm layer as private state (never uploaded); it trains from the
+global non-BN weights plus its own BN (the initial BN before its first round)
+and uploads only the non-BN tensors, which the server averages weighted by the
+number of training samples, as FedAvg. A source evaluates the global weights
+with its own BN.
+
+Target rule (the unlabeled target has no BN of its own and the server never
+sees any): the target evaluates the global non-BN weights with the BN affine
+parameters of the global initialization (gamma=1, beta=0) and, with
+``method.target_bn=adabn`` (default), BN statistics re-estimated on its own
+unlabeled training inputs (AdaBN, Li et al. 2016: one deterministic forward pass
+in train mode, cumulative averages, no gradients, no labels); ``none`` keeps the
+initial running statistics (an ablation). A model without batch norm makes
+FedBN equal to FedAvg.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from fedsim.data.base import ClientData
+from fedsim.errors import UserError
+from fedsim.messages import Instruction, Reply
+from fedsim.methods.base import ServerState
+from fedsim.methods.fedavg import FedAvg
+from fedsim.methods.training import evaluate_model, load_numpy, model_to_numpy
+from fedsim.registry import METHODS
+
+log = logging.getLogger(__name__)
+
+TARGET_BN = ("adabn", "none")
+
+
+def bn_keys(model: nn.Module) -> frozenset[str]:
+    """State-dict keys of every batch-norm layer (weight, bias, running statistics, batch counter)."""
+    return frozenset(
+        f"{name}.{key}" if name else key
+        for name, module in model.named_modules()
+        if isinstance(module, nn.modules.batchnorm._BatchNorm)
+        for key in module.state_dict()
+    )
+
+
+@torch.no_grad()
+def reestimate_bn(model: nn.Module, x: np.ndarray, device: torch.device, batch_size: int = 512) -> None:
+    """AdaBN: replace every BN layer's running statistics by cumulative averages over ``x`` (fixed order)."""
+    layers = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+    momenta = [m.momentum for m in layers]
+    for m in layers:
+        m.reset_running_stats()
+        m.momentum = None  # cumulative moving average
+    model.train()
+    inputs = torch.from_numpy(x)
+    for start in range(0, len(inputs), batch_size):
+        batch = inputs[start : start + batch_size]
+        if len(batch) < 2 and len(inputs) >= 2:
+            continue  # batch statistics need two samples
+        model(batch.to(device))
+    for m, momentum in zip(layers, momenta):
+        m.momentum = momentum
+    model.eval()
+
+
+@METHODS.register("fedbn")
+class FedBN(FedAvg):
+    """FedBN: batch-norm layers stay with each source client; the target re-estimates its statistics."""
+
+    @dataclass(frozen=True)
+    class Params:
+        target_bn: str = "adabn"  # the target's BN statistics: "adabn" (re-estimated) or "none" (initial)
+
+        def __post_init__(self):
+            if self.target_bn not in TARGET_BN:
+                raise UserError(f"method.target_bn must be one of {', '.join(TARGET_BN)}, got {self.target_bn!r}")
+
+    def split(self, tensors: dict, keys: frozenset[str]) -> tuple[dict, dict]:
+        """(shared non-BN tensors, private BN tensors)."""
+        shared = {k: v for k, v in tensors.items() if k not in keys}
+        return shared, {k: v for k, v in tensors.items() if k in keys}
+
+    # ---- server half ------------------------------------------------------
+    def init_server(self) -> ServerState:
+        model = self.build_model()
+        keys = bn_keys(model)
+        if not keys:
+            log.warning("fedbn: model %r has no batch-norm layer, so FedBN equals FedAvg", self.config.model.name)
+        return {"weights": self.split(model_to_numpy(model), keys)[0]}
+
+    # ---- client half ------------------------------------------------------
+    def shared_model(self):
+        if getattr(self, "_shared_model", None) is None:
+            model = super().shared_model()
+            self._bn_keys = bn_keys(model)
+            self._initial_bn = self.split(model_to_numpy(model), self._bn_keys)[1]  # before any client loads into it
+        return self._shared_model
+
+    def init_client(self, data: ClientData) -> Any:
+        # "bn" (not transient): this client's BN tensors as numpy; None until its first fit (initial BN)
+        return {**super().init_client(data), "bn": None}
+
+    def own_bn(self, state: dict) -> dict:
+        return state["bn"] if state.get("bn") is not None else self._initial_bn
+
+    def fit(self, instruction: Instruction, state: Any, data: ClientData) -> tuple[Reply, Any]:
+        full = dataclasses.replace(instruction, tensors={**instruction.tensors, **self.own_bn(state)})
+        reply, state = super().fit(full, state, data)
+        shared, state["bn"] = self.split(reply.tensors, self._bn_keys)
+        return dataclasses.replace(reply, tensors=shared), state
+
+    def evaluate(self, instruction: Instruction, state: Any, data: ClientData) -> tuple[Reply, Any]:
+        model = state["model"]
+        load_numpy(model, {**instruction.tensors, **self.own_bn(state)})
+        if data.is_target and self.params.target_bn == "adabn" and self._bn_keys:
+            reestimate_bn(model, data.train.x, self.device)  # inputs only: the target's train.y is None
+        return Reply(data.client_id, {}, evaluate_model(model, data.test, self.device), num_examples=len(data.test)), state
