@@ -22,6 +22,19 @@ def write_toy_domains(root, num_domains: int = 3, per_domain: int = 150, dim: in
     return root
 
 
+def write_image_domains(root, num_domains=3, per_domain=120, classes=3, seed=0):
+    """1 x 8 x 8 images, class c = a bright bar in rows 2c..2c+1; domains differ in contrast and brightness."""
+    rng = np.random.default_rng(seed)
+    y = np.arange(per_domain) % classes
+    for d in range(num_domains):
+        x = rng.normal(0, 0.3, size=(per_domain, 1, 8, 8))
+        for c in range(classes):
+            x[y == c, 0, 2 * c : 2 * c + 2, :] += 1.0
+        x = x * (1.0 + d) + 0.7 * d
+        np.savez(os.path.join(root, f"img{d}.npz"), x=x.astype(np.float32), y=y.astype(np.int64))
+    return root
+
+
 @pytest.fixture(scope="session")
 def toy_root(tmp_path_factory):
     return str(write_toy_domains(tmp_path_factory.mktemp("toy")))

@@ -1,6 +1,5 @@
 """FedBN: batch norm stays private to each source; the target re-estimates BN statistics (AdaBN)."""
 import logging
-import os
 
 import numpy as np
 import pytest
@@ -14,18 +13,7 @@ from fedsim.methods.fedbn import bn_keys
 from fedsim.methods.training import load_numpy, weighted_average
 from fedsim.runtime import LocalExecutor, Server
 
-
-def write_image_domains(root, num_domains=3, per_domain=120, classes=3, seed=0):
-    """1 x 8 x 8 images, class c = a bright bar in rows 2c..2c+1; domains differ in contrast and brightness."""
-    rng = np.random.default_rng(seed)
-    y = np.arange(per_domain) % classes
-    for d in range(num_domains):
-        x = rng.normal(0, 0.3, size=(per_domain, 1, 8, 8))
-        for c in range(classes):
-            x[y == c, 0, 2 * c : 2 * c + 2, :] += 1.0
-        x = x * (1.0 + d) + 0.7 * d
-        np.savez(os.path.join(root, f"img{d}.npz"), x=x.astype(np.float32), y=y.astype(np.int64))
-    return root
+from conftest import write_image_domains
 
 
 @pytest.fixture(scope="module")

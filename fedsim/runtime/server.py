@@ -8,6 +8,12 @@ import numpy as np
 
 from fedsim.data.scenario import Federation
 from fedsim.messages import Reply
+from fedsim.runtime.client_host import torch_threads
+
+#: torch threads of the server half on every backend (the Ray ServerActor asks for no CPU and runs one
+#: thread): float reductions depend on the thread count, so server-side training (centralized baselines,
+#: FedOD distillation) gives the same numbers locally and on Ray
+SERVER_THREADS = 1
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +85,8 @@ class Server:
         self.executor.current_round = rnd
         if rnd == 1:
             self.standardize_clients()
-        self.state, metrics = self.method.run_round(rnd, self.state, self.executor)
+        with torch_threads(SERVER_THREADS):  # clients set their own thread count inside the executor
+            self.state, metrics = self.method.run_round(rnd, self.state, self.executor)
         metrics = {"round": rnd, **metrics}
         if evaluate:
             replies = self.executor.run(self.method.configure_evaluate(rnd, self.state))
