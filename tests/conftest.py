@@ -6,6 +6,8 @@ import os
 import numpy as np
 import pytest
 
+from fedsim.runtime import LocalExecutor
+
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")
 os.environ.setdefault("TQDM_DISABLE", "1")
 
@@ -33,6 +35,33 @@ def write_image_domains(root, num_domains=3, per_domain=120, classes=3, seed=0):
         x = x * (1.0 + d) + 0.7 * d
         np.savez(os.path.join(root, f"img{d}.npz"), x=x.astype(np.float32), y=y.astype(np.int64))
     return root
+
+
+class RecordingExecutor(LocalExecutor):
+    """A local executor that keeps every exchange, for tests that inspect what crossed the wire.
+
+    ``calls``: one (instructions, replies) pair per ``executor.run``; ``log``: one
+    (round, client id, operation, reply) per reply; ``replies``: every reply.
+    """
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.calls: list[tuple[dict, dict]] = []
+        self.call_rounds: list[int] = []
+
+    def _dispatch(self, instructions):
+        replies = super()._dispatch(instructions)
+        self.calls.append((instructions, replies))
+        self.call_rounds.append(self.current_round)
+        return replies
+
+    @property
+    def log(self) -> list[tuple]:
+        return [(rnd, cid, ins[cid].operation, reply) for rnd, (ins, reps) in zip(self.call_rounds, self.calls) for cid, reply in reps.items()]
+
+    @property
+    def replies(self) -> list:
+        return [reply for _, reps in self.calls for reply in reps.values()]
 
 
 @pytest.fixture(scope="session")

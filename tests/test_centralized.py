@@ -9,17 +9,9 @@ from fedsim.config import load_config
 from fedsim.data.scenario import build_federation, load_client_data
 from fedsim.runtime import LocalExecutor, Server
 
+from conftest import RecordingExecutor
 
-class RecordingExecutor(LocalExecutor):
-    """Records (round, client, operation) of every instruction it runs."""
 
-    def __init__(self, *args):
-        super().__init__(*args)
-        self.calls = []
-
-    def _dispatch(self, instructions):
-        self.calls.extend((self.current_round, cid, ins.operation) for cid, ins in instructions.items())
-        return super()._dispatch(instructions)
 
 
 def _server(overrides, executor_cls=LocalExecutor):
@@ -33,11 +25,11 @@ def test_only_sources_upload_and_only_once(toy_overrides):
     _, federation, server = _server(toy_overrides + ["method.name=centralized"], RecordingExecutor)
     first = server.run_round(1, evaluate=True)
     second = server.run_round(2, evaluate=True)
-    uploads = [(rnd, cid) for rnd, cid, op in server.executor.calls if op == "upload"]
+    uploads = [(rnd, cid) for rnd, cid, op, _ in server.executor.log if op == "upload"]
     assert uploads == [(1, cid) for cid in sorted(federation.source_ids)]
     assert not set(federation.target_ids) & {cid for _, cid in uploads}
     # the target only evaluates, every round
-    target_ops = {op for _, cid, op in server.executor.calls if cid in federation.target_ids}
+    target_ops = {op for _, cid, op, _ in server.executor.log if cid in federation.target_ids}
     assert target_ops <= {"evaluate", "data_stats", "data_standardize"} and "evaluate" in target_ops
     # raw source data crossed the wire in round 1 only: round 2 receives only (empty) evaluation replies
     assert first["bytes_received"] > 0 and second["bytes_received"] == 0

@@ -22,6 +22,8 @@ from fedsim.losses.fada import (
 from fedsim.messages import Instruction
 from fedsim.methods.fada import FADA, batch_indices, gap_statistic, preserved_buffers, softmax
 from fedsim.runtime import LocalExecutor, Server
+
+from conftest import RecordingExecutor
 from fedsim.runtime.client_host import torch_threads
 
 FAST = [
@@ -45,22 +47,16 @@ class LabelGuard:
         return len(self.x)
 
 
-class RecordingExecutor(LocalExecutor):
-    """LocalExecutor that records every call and guards the target's training labels."""
+class GuardedExecutor(RecordingExecutor):
+    """Records every call and guards the target's training labels."""
 
     def __init__(self, config, federation):
         super().__init__(config, federation)
-        self.calls = []  # (instructions, replies) per executor.run
         for tid in federation.target_ids:
             data = load_client_data(config.data, federation, tid)
             guarded = ClientData(tid, data.domain, data.role, LabelGuard(data.train.x), data.test, data.num_classes)
             self.host._data[tid] = guarded
             self.host._state[tid] = self.host.method.init_client(guarded)
-
-    def _dispatch(self, instructions):
-        replies = super()._dispatch(instructions)
-        self.calls.append((instructions, replies))
-        return replies
 
     def operations(self):
         return [next(iter(ins.values())).operation for ins, _ in self.calls]
@@ -69,7 +65,7 @@ class RecordingExecutor(LocalExecutor):
 def run_rounds(overrides, *extra, rounds=2):
     config = load_config(None, overrides + FAST + list(extra))
     federation = build_federation(config.data)
-    executor = RecordingExecutor(config, federation)
+    executor = GuardedExecutor(config, federation)
     server = Server(config, federation, executor)
     history = [server.run_round(r, evaluate=True) for r in range(1, rounds + 1)]
     return config, federation, executor, server, history

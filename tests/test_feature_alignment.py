@@ -18,16 +18,9 @@ from fedsim.registry import METHODS
 from fedsim.runtime import LocalExecutor, Server
 from fedsim.seeding import numpy_rng
 
+from conftest import RecordingExecutor
 
-class RecordingExecutor(LocalExecutor):
-    def __init__(self, *args):
-        super().__init__(*args)
-        self.calls = []  # one (instructions, replies) pair per executor.run
 
-    def _dispatch(self, instructions):
-        replies = super()._dispatch(instructions)
-        self.calls.append((instructions, replies))
-        return replies
 
 
 def setup(toy_overrides, method_name, *extra):

@@ -11,9 +11,9 @@ from fedsim.errors import UserError
 from fedsim.messages import Instruction
 from fedsim.methods.fedbn import bn_keys
 from fedsim.methods.training import load_numpy, weighted_average
-from fedsim.runtime import LocalExecutor, Server
+from fedsim.runtime import Server
 
-from conftest import write_image_domains
+from conftest import RecordingExecutor, write_image_domains
 
 
 @pytest.fixture(scope="module")
@@ -35,17 +35,6 @@ def image_overrides(tmp_path_factory):
     ]
 
 
-class RecordingExecutor(LocalExecutor):
-    """Keeps (round, operation, reply) of every exchange."""
-
-    def __init__(self, *args):
-        super().__init__(*args)
-        self.log = []
-
-    def _dispatch(self, instructions):
-        replies = super()._dispatch(instructions)
-        self.log.extend((self.current_round, instructions[cid].operation, r) for cid, r in replies.items())
-        return replies
 
 
 def start(overrides):
@@ -67,9 +56,9 @@ def test_bn_stays_private_and_server_averages_the_rest(image_overrides):
     after_one = {cid: private_bn(executor, cid) for cid in federation.source_ids}
     server.run_round(2, evaluate=True)
 
-    for _, _, reply in executor.log:
+    for *_, reply in executor.log:
         assert not keys & set(reply.tensors), "a reply carries batch-norm tensors"
-    fits = [r for rnd, op, r in executor.log if rnd == 2 and op == "fit"]
+    fits = [r for rnd, _, op, r in executor.log if rnd == 2 and op == "fit"]
     assert sorted(r.client_id for r in fits) == federation.source_ids
     expected = weighted_average([r.tensors for r in fits], [r.num_examples for r in fits])
     assert set(server.state["weights"]) == set(server.method.build_model().state_dict()) - keys == set(expected)
@@ -93,7 +82,7 @@ def test_target_reestimates_bn_from_unlabeled_inputs(image_overrides):
         for rnd in (1, 2):
             server.run_round(rnd, evaluate=True)
         (tid,) = federation.target_ids
-        results[target_bn] = [r.metrics for rnd, op, r in executor.log if rnd == 2 and r.client_id == tid and op == "evaluate"][0]
+        results[target_bn] = [r.metrics for rnd, _, op, r in executor.log if rnd == 2 and r.client_id == tid and op == "evaluate"][0]
         data = load_client_data(config.data, federation, tid)
         assert data.train.y is None
         method, state = executor.host.method, executor.host.private_state(tid)

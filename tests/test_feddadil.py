@@ -8,26 +8,19 @@ from fedsim.config import load_config
 from fedsim.data.scenario import build_federation
 from fedsim.errors import UserError
 from fedsim.methods import _dadil as dil
-from fedsim.runtime import LocalExecutor, Server
+from fedsim.runtime import Server
+
+from conftest import RecordingExecutor
 
 SMALL = ["method.name=feddadil", "method.samples_per_atom=40", "method.batch_size=20", "method.classifier_steps=50"]
 
 
-class Recording(LocalExecutor):
-    def __init__(self, *args):
-        super().__init__(*args)
-        self.calls = []
-
-    def _dispatch(self, instructions):
-        replies = super()._dispatch(instructions)
-        self.calls.append((instructions, replies))
-        return replies
 
 
 def _server(overrides):
     config = load_config(None, overrides)
     federation = build_federation(config.data)
-    executor = Recording(config, federation)
+    executor = RecordingExecutor(config, federation)
     return Server(config, federation, executor), executor, federation
 
 

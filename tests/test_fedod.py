@@ -11,7 +11,9 @@ from fedsim.data.scenario import build_federation, load_client_data
 from fedsim.errors import UserError
 from fedsim.methods.fedod import channel_wise_distillation
 from fedsim.models.detector import DetectorSpec, build_detector, head_keys, norm_keys, save_weights
-from fedsim.runtime import LocalExecutor, Server
+from fedsim.runtime import Server
+
+from conftest import RecordingExecutor
 
 FAMILIES = {"wg", "wb", "wi", "ens_wbf", "ens_nms", "ens_soft_nms", "ens_nmw"}
 
@@ -34,15 +36,6 @@ def options(tiny, method, *extra):
     return tiny + [f"method.name={method}", *METHOD_ONLY.get(method, []), *extra]
 
 
-class RecordingExecutor(LocalExecutor):
-    def __init__(self, *args):
-        super().__init__(*args)
-        self.log = []
-
-    def _dispatch(self, instructions):
-        replies = super()._dispatch(instructions)
-        self.log.extend((cid, instructions[cid].operation, reply) for cid, reply in replies.items())
-        return replies
 
 
 def run_local(opts):
@@ -117,9 +110,9 @@ def test_fedod_keeps_images_on_their_hosts_and_models_where_they_belong(fedod_ru
     config, federation, executor, server, _ = fedod_run
     host = executor.host
     server_id, farm_id = 0, 1
-    ops = [(cid, op) for cid, op, _ in executor.log]
+    ops = [(cid, op) for _, cid, op, _ in executor.log]
     assert ops[:2] == [(server_id, "train_base"), (farm_id, "fit")] and (server_id, "distill") in ops
-    for cid, op, reply in executor.log:
+    for _, cid, op, reply in executor.log:
         data = load_client_data(config.data, federation, cid)
         for name, tensor in reply.tensors.items():
             tensor = np.asarray(tensor)
@@ -147,10 +140,10 @@ def test_baselines_run_and_keep_personal_parts_local(tiny, method, extra):
         return
     assert set(final) == ({"global"} if method == "fedavg_det" else {"global", "personal"})
     private = {"fedavg_det": set(), "fedbn_det": norm_keys(model), "fedrep_det": head_keys(model)}[method]
-    fits = [reply for _, op, reply in executor.log if op == "fit"]
+    fits = [reply for _, _, op, reply in executor.log if op == "fit"]
     assert len(fits) == 2 and all(set(r.tensors) == set(model.state_dict()) - private for r in fits)
     if private:
-        shared = [reply for _, op, reply in executor.log if op == "share_personal"]
+        shared = [reply for _, _, op, reply in executor.log if op == "share_personal"]
         assert len(shared) == 1 and set(shared[0].tensors) == private
 
 

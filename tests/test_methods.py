@@ -7,7 +7,9 @@ from fedsim.data.scenario import ClientInfo, Federation, build_federation, load_
 from fedsim.messages import Reply
 from fedsim.methods.training import weighted_average
 from fedsim.registry import METHODS
-from fedsim.runtime import LocalExecutor, Server
+from fedsim.runtime import Server
+
+from conftest import RecordingExecutor
 
 
 def mock_federation():
@@ -43,15 +45,6 @@ def test_fedavg_trains_only_labeled_sources():
     assert len({id(ins.tensors) for ins in instructions.values()}) == 1
 
 
-class RecordingExecutor(LocalExecutor):
-    def __init__(self, *args):
-        super().__init__(*args)
-        self.replies = []
-
-    def _dispatch(self, instructions):
-        replies = super()._dispatch(instructions)
-        self.replies.extend(replies.values())
-        return replies
 
 
 def _contains_raw_data(tensor: np.ndarray, data) -> bool:
