@@ -253,6 +253,18 @@ def _linestyle(grouped: dict, key: tuple) -> str:
     return _STYLES[epochs.index(dict(key).get("local_epochs")) % len(_STYLES)]
 
 
+def _finish(fig, ax, path: Path, xlabel: str, ylabel: str, title: str) -> Path:
+    """Labels, grid and legend as every report plot has them; saves the figure to ``path``."""
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path)
+    return path
+
+
 def plot_accuracy_per_round(records: list[dict], path: Path, title: str) -> Path:
     grouped = groups(records)
     colors = _colors(grouped)
@@ -269,14 +281,7 @@ def plot_accuracy_per_round(records: list[dict], path: Path, title: str) -> Path
     from matplotlib.ticker import MaxNLocator
 
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.set_xlabel("round")
-    ax.set_ylabel("target accuracy")
-    ax.set_title(f"Target accuracy per round{title}")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path)
-    return path
+    return _finish(fig, ax, path, "round", "target accuracy", f"Target accuracy per round{title}")
 
 
 def plot_accuracy_vs_local_epochs(records: list[dict], path: Path, title: str) -> Path:
@@ -299,14 +304,7 @@ def plot_accuracy_vs_local_epochs(records: list[dict], path: Path, title: str) -
     ticks = sorted({float(e) for by_epochs in lines.values() for e in by_epochs if e is not None})
     if ticks:
         ax.set_xticks(ticks)
-    ax.set_xlabel("local epochs per round")
-    ax.set_ylabel("final target accuracy")
-    ax.set_title(f"Final target accuracy vs local epochs{title}")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path)
-    return path
+    return _finish(fig, ax, path, "local epochs per round", "final target accuracy", f"Final target accuracy vs local epochs{title}")
 
 
 def plot_accuracy_vs_bytes(records: list[dict], path: Path, title: str) -> Path:
@@ -318,14 +316,7 @@ def plot_accuracy_vs_bytes(records: list[dict], path: Path, title: str) -> Path:
         if len(x) == 0:
             continue
         ax.plot(x / 1e6, y, _linestyle(grouped, key), marker="o", ms=3, color=colors[dict(key).get("method")], label=_label(key))
-    ax.set_xlabel("MB communicated (sent + received, cumulative)")
-    ax.set_ylabel("target accuracy")
-    ax.set_title(f"Target accuracy vs communication{title}")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path)
-    return path
+    return _finish(fig, ax, path, "MB communicated (sent + received, cumulative)", "target accuracy", f"Target accuracy vs communication{title}")
 
 
 # ----------------------------------------------------------------------------- the command

@@ -64,6 +64,45 @@ class RecordingExecutor(LocalExecutor):
         return [reply for _, reps in self.calls for reply in reps.values()]
 
 
+class Stopped(Exception):
+    """Raised by :func:`run_until` to stop a run as a crash would."""
+
+
+def run_until(config, out_dir, stop_round: int) -> None:
+    """Run ``config`` on the local backend into ``out_dir`` and stop it as round ``stop_round`` starts.
+
+    What is left is what a crash leaves: the checkpoints written so far, no summary.
+    """
+    import pytest
+
+    from fedsim.data.scenario import build_federation
+    from fedsim.runtime import Server, Simulator
+
+    federation = build_federation(config.data)
+    simulator = Simulator(config, Server(config, federation, LocalExecutor(config, federation)), out_dir)
+    original = simulator.server.run_round
+
+    def run_round(rnd, evaluate):
+        if rnd == stop_round:
+            raise Stopped
+        return original(rnd, evaluate)
+
+    simulator.server.run_round = run_round
+    with pytest.raises(Stopped):
+        simulator.run()
+
+
+def assert_same_results(first, second, summary_keys) -> None:
+    """Two RunResults agree on the given summary entries and bit for bit on the global tensors."""
+    import numpy as np
+
+    for key in summary_keys:
+        assert first.summary[key] == second.summary[key], key
+    assert first.global_tensors.keys() == second.global_tensors.keys()
+    for name in first.global_tensors:
+        np.testing.assert_array_equal(first.global_tensors[name], second.global_tensors[name], err_msg=name)
+
+
 @pytest.fixture(scope="session")
 def toy_root(tmp_path_factory):
     return str(write_toy_domains(tmp_path_factory.mktemp("toy")))

@@ -1,15 +1,14 @@
-"""Centralized source-only upper bound: who uploads, what the server pools, determinism."""
+"""Centralized source-only reference: who uploads, what the server pools, determinism."""
 import pickle
 
 import numpy as np
-import pytest
 
 from experiments.run import run_experiment
 from fedsim.config import load_config
 from fedsim.data.scenario import build_federation, load_client_data
 from fedsim.runtime import LocalExecutor, Server
 
-from conftest import RecordingExecutor
+from conftest import RecordingExecutor, run_until
 
 
 
@@ -82,26 +81,11 @@ def test_server_pool_holds_exactly_the_source_training_samples(toy_overrides):
 
 
 def test_resume_after_checkpoint_keeps_the_pool(toy_overrides, tmp_path):
-    from fedsim.runtime import Simulator
     from fedsim.runtime.checkpoint import load_checkpoint
 
     config = load_config(None, toy_overrides + ["method.name=centralized", "run.rounds=4", "run.checkpoint_every=2", "run.backend=local"])
     full = run_experiment(config, tmp_path / "full")
-    federation = build_federation(config.data)
-    simulator = Simulator(config, Server(config, federation, LocalExecutor(config, federation)), tmp_path / "partial")
-    original = simulator.server.run_round
-
-    class Killed(Exception):
-        pass
-
-    def run_round(rnd, evaluate):
-        if rnd == 3:
-            raise Killed
-        return original(rnd, evaluate)
-
-    simulator.server.run_round = run_round
-    with pytest.raises(Killed):
-        simulator.run()
+    run_until(config, tmp_path / "partial", 3)
     saved = load_checkpoint(tmp_path / "partial")
     resumed = run_experiment(config, tmp_path / "partial", resume=saved)
     a, b = dict(full.summary), dict(resumed.summary)

@@ -4,10 +4,10 @@ import pytest
 
 from experiments.run import run_experiment
 from fedsim.config import load_config
-from fedsim.data.scenario import build_federation
-from fedsim.runtime import LocalExecutor, Server, Simulator
 from fedsim.errors import UserError
 from fedsim.runtime.checkpoint import CHECKPOINT_FILE, load_checkpoint
+
+from conftest import run_until
 
 
 def _same_summary(a: dict, b: dict) -> None:
@@ -25,22 +25,7 @@ def test_resume_from_checkpoint_equals_uninterrupted_run(toy_overrides, tmp_path
     full = run_experiment(config, tmp_path / "full")
     # a run that stops after its round-2 checkpoint (as if killed), then resumes
     partial = tmp_path / "partial"
-    federation = build_federation(config.data)
-    simulator = Simulator(config, Server(config, federation, LocalExecutor(config, federation)), partial)
-
-    class Killed(Exception):
-        pass
-
-    original = simulator.server.run_round
-
-    def run_round(rnd, evaluate):
-        if rnd == 3:
-            raise Killed
-        return original(rnd, evaluate)
-
-    simulator.server.run_round = run_round
-    with pytest.raises(Killed):
-        simulator.run()
+    run_until(config, partial, 3)
     assert (partial / CHECKPOINT_FILE).exists() and not (partial / "summary.json").exists()
     resumed = run_experiment(config, partial, resume=load_checkpoint(partial))
     _same_summary(full.summary, resumed.summary)

@@ -21,9 +21,9 @@ from fedsim.losses.fada import (
 )
 from fedsim.messages import Instruction
 from fedsim.methods.fada import FADA, batch_indices, gap_statistic, preserved_buffers, softmax
-from fedsim.runtime import LocalExecutor, Server
+from fedsim.runtime import Server
 
-from conftest import RecordingExecutor
+from conftest import RecordingExecutor, run_until
 from fedsim.runtime.client_host import torch_threads
 
 FAST = [
@@ -207,23 +207,11 @@ def test_local_and_ray_backends_agree(toy_overrides, ray_cluster, tmp_path):
 
 def test_resume_from_checkpoint_continues_every_private_model(toy_overrides, tmp_path):
     """Per-client models, private parts, the MINE average and its Adam state survive a checkpoint."""
-    from fedsim.runtime import Simulator
     from fedsim.runtime.checkpoint import load_checkpoint
 
     config = load_config(None, toy_overrides + FAST + ["run.rounds=3", "run.checkpoint_every=2", "run.backend=local"])
     full = run_experiment(config, tmp_path / "full")
-    federation = build_federation(config.data)
-    simulator = Simulator(config, Server(config, federation, LocalExecutor(config, federation)), tmp_path / "partial")
-    original = simulator.server.run_round
-
-    def stop_at_three(rnd, evaluate):
-        if rnd == 3:
-            raise KeyboardInterrupt
-        return original(rnd, evaluate)
-
-    simulator.server.run_round = stop_at_three
-    with pytest.raises(KeyboardInterrupt):
-        simulator.run()
+    run_until(config, tmp_path / "partial", 3)
     resumed = run_experiment(config, tmp_path / "partial", resume=load_checkpoint(tmp_path / "partial"))
     assert resumed.summary["target_accuracy"] == full.summary["target_accuracy"]
     assert resumed.summary["source_accuracy"] == full.summary["source_accuracy"]

@@ -87,11 +87,11 @@ class Server:
             self.standardize_clients()
         with torch_threads(SERVER_THREADS):  # clients set their own thread count inside the executor
             self.state, metrics = self.method.run_round(rnd, self.state, self.executor)
-        metrics = {"round": rnd, **metrics}
-        if evaluate:
-            replies = self.executor.run(self.method.configure_evaluate(rnd, self.state))
-            metrics.update(self.method.summarize_evaluation(rnd, replies))
-            metrics["evaluated"] = True
+            metrics = {"round": rnd, **metrics}
+            if evaluate:
+                replies = self.executor.run(self.method.configure_evaluate(rnd, self.state))
+                metrics.update(self.method.summarize_evaluation(rnd, replies))
+                metrics["evaluated"] = True
         restarts = getattr(self.executor, "restarts", 0)
         if restarts != self._restarts_seen:
             metrics["actor_restarts"], self._restarts_seen = restarts - self._restarts_seen, restarts

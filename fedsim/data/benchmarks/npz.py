@@ -21,6 +21,7 @@ import numpy as np
 
 from fedsim.data.base import Benchmark, Domain
 from fedsim.data.benchmarks.digits import rng_for, stratified_split, stratified_subsample
+from fedsim.data.validation import finite_float32
 from fedsim.errors import UserError
 from fedsim.registry import BENCHMARKS
 
@@ -234,15 +235,7 @@ def _check_x(path: Path, key: str, x: np.ndarray) -> np.ndarray:
         )
     if not (np.issubdtype(x.dtype, np.number) or x.dtype == np.bool_) or np.issubdtype(x.dtype, np.complexfloating):
         raise UserError(f"{path}: {key} has dtype {x.dtype}: it must hold real numbers (float or int)")
-    if np.issubdtype(x.dtype, np.floating):
-        bad = int(np.count_nonzero(~np.isfinite(x)))
-        if bad:
-            raise UserError(f"{path}: {key} has {bad} NaN or infinite values: replace or drop them before saving")
-    with np.errstate(over="ignore"):
-        x32 = x.astype(np.float32)
-    if not np.all(np.isfinite(x32)):
-        raise UserError(f"{path}: {key} has values too large for float32 (beyond ~3.4e38): rescale the features")
-    return x32
+    return finite_float32(path, key, x)
 
 
 def _check_y(path: Path, key: str, y: np.ndarray) -> np.ndarray:

@@ -31,6 +31,7 @@ import numpy as np
 
 from fedsim.data.base import Benchmark, Domain
 from fedsim.data.benchmarks.digits import rng_for, stratified_split, stratified_subsample
+from fedsim.data.validation import finite_float32
 from fedsim.errors import UserError
 from fedsim.registry import BENCHMARKS, unknown_name_message
 
@@ -101,14 +102,7 @@ def check_features(path: Path, key: str, x: np.ndarray) -> np.ndarray:
         raise UserError(f"{path}: {key!r} has dtype {x.dtype}: it must hold real numbers (samples x features)")
     if x.ndim != 2 or min(x.shape) == 0:
         raise UserError(f"{path}: {key!r} has shape {x.shape}: it must be a samples x features matrix")
-    if np.issubdtype(x.dtype, np.floating) and not np.all(np.isfinite(x)):
-        bad = int(np.count_nonzero(~np.isfinite(x)))
-        raise UserError(f"{path}: {key!r} has {bad} NaN or infinite values: replace or drop them")
-    with np.errstate(over="ignore"):
-        x32 = x.astype(np.float32)
-    if not np.all(np.isfinite(x32)):
-        raise UserError(f"{path}: {key!r} has values too large for float32: rescale the features")
-    return x32
+    return finite_float32(path, key, x)
 
 
 def check_labels(path: Path, key: str, y: np.ndarray) -> np.ndarray:
