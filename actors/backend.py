@@ -1,4 +1,4 @@
-"""Start or join a Ray cluster, create the actors of one run, and proxy the server for the Simulator."""
+"""Start or join a Ray cluster and create the actors of one run (the server behind a forwarding proxy)."""
 from __future__ import annotations
 
 import logging
@@ -9,8 +9,8 @@ import warnings
 
 import ray
 
-from actors.executor import ActorSpec
-from actors.server import ServerActor
+from actors.executor import ActorSpec, RayExecutor
+from actors.server import RemoteServer
 from fedsim.errors import UserError
 
 log = logging.getLogger(__name__)
@@ -73,57 +73,26 @@ def plan_actors(config, federation) -> tuple[int, dict[int, int], float]:
     if gpus_per_client > 0:
         slots = min(slots, max(1, math.floor(resources["GPU"] / gpus_per_client + 1e-9)))
     count = min(len(federation.clients), slots)
-    if config.resources.max_actors:
-        count = min(count, config.resources.max_actors)
+    if config.ray.max_actors:
+        count = min(count, config.ray.max_actors)
     order = federation.source_ids + federation.target_ids
     assignment = {cid: i % count for i, cid in enumerate(order)}
     return count, assignment, gpus_per_client
 
 
-class RayServerProxy:
-    """What the Simulator sees: ``run_round`` / ``global_tensors`` / ``close`` on the ServerActor."""
-
-    def __init__(self, config, federation):
-        count, self.assignment, gpus = plan_actors(config, federation)
-        hosted = tuple(tuple(sorted(cid for cid, a in self.assignment.items() if a == index)) for index in range(count))
-        spec = ActorSpec(config, federation, hosted, "cuda" if gpus > 0 else "cpu", config.resources.cpus_per_client, gpus)
-        # All actors start at once (each imports torch and its method: start-up runs in parallel); an actor whose
-        # constructor fails surfaces here, before round 1.
-        self.client_actors = [spec.create(index) for index in range(count)]
-        self.server = ray.remote(ServerActor).options(num_cpus=0).remote(config, federation, self.client_actors, spec)
-        ray.get([a.ready.remote() for a in self.client_actors] + [self.server.ready.remote()])
-        log.info("ray backend: %d client actors for %d clients", count, len(federation.clients))
-
-    def run_round(self, rnd: int, evaluate: bool) -> dict:
-        metrics = ray.get(self.server.run_round.remote(rnd, evaluate))
-        if rnd == 1 or not getattr(self, "_nodes_recorded", False):
-            metrics["client_nodes"] = sorted(set(self.client_nodes()))  # where the client actors run
-            self._nodes_recorded = True
-        return metrics
-
-    def global_tensors(self) -> dict:
-        return ray.get(self.server.global_tensors.remote())
-
-    def export_state(self) -> dict:
-        return ray.get(self.server.export_state.remote())
-
-    def restore_state(self, saved: dict) -> None:
-        ray.get(self.server.restore_state.remote(saved))
-
-    def export_client_states(self) -> dict:
-        """Gathered from the client actors for the checkpoint file (the server's method never sees them)."""
-        return ray.get(self.server.export_client_states.remote())
-
-    def import_client_states(self, states: dict) -> None:
-        ray.get(self.server.import_client_states.remote(states))
-
-    def client_nodes(self) -> list[str]:
-        return ray.get(self.server.client_nodes.remote())
-
-    def restarts(self) -> int:
-        return ray.get(self.server.restarts.remote())
-
-    def close(self) -> None:
-        for actor in self.client_actors + [self.server]:
-            ray.kill(actor)
-        self.client_actors = []
+def start_server(config, federation) -> RemoteServer:
+    """Create the run's client actors and its server actor (all at once: start-up runs in parallel) and wait
+    until they are ready; an actor whose constructor fails surfaces here, before round 1."""
+    count, assignment, gpus = plan_actors(config, federation)
+    hosted = tuple(tuple(sorted(cid for cid, a in assignment.items() if a == index)) for index in range(count))
+    settings = config.ray
+    spec = ActorSpec(config, federation, hosted, "cuda" if gpus > 0 else "cpu", config.resources.cpus_per_client, gpus)
+    client_actors = [spec.create(index) for index in range(count)]
+    executor = RayExecutor(
+        client_actors, spec, max_restarts=settings.max_restarts, inject_faults=settings.inject_faults, seed=config.run.seed,
+        rounds=config.run.rounds, call_timeout=settings.call_timeout_s,
+    )
+    server = RemoteServer(config, federation, executor, client_actors, assignment)
+    server.ready()
+    log.info("ray backend: %d client actors for %d clients", count, len(federation.clients))
+    return server

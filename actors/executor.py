@@ -9,7 +9,8 @@ arrival order.
 Fault tolerance: every call also returns its clients' private states as a
 second object, which stays in the object store (its reference is kept here,
 the value is never fetched by the server). If an actor dies mid-call, a new
-actor is created for the same clients, their data standardization is replayed,
+actor is created for the same clients, their setup exchanges (``replay=True``:
+data standardization) are replayed,
 their last states are passed to it by reference, and the call is redone with
 the same instructions and seeds: the result equals an undisturbed run. After
 ``max_restarts`` failed attempts the call's clients are dropped for this
@@ -26,7 +27,6 @@ from ray.exceptions import RayActorError
 
 from actors.client import ClientActor
 from fedsim.messages import Instruction, Reply
-from fedsim.runtime.client_host import DATA_STANDARDIZE
 from fedsim.runtime.executor import Executor
 from fedsim.seeding import numpy_rng
 
@@ -64,10 +64,8 @@ class RayExecutor(Executor):
         self.assignment = {cid: index for index, ids in enumerate(spec.hosted) for cid in ids}
         self.max_restarts = max_restarts
         self.state_refs: dict[int, ray.ObjectRef] = {}  # client id -> latest object holding its private state
-        self.replay: dict[int, Instruction] = {}  # host-level instructions to redo on a new actor
-        self.current_round = 0
+        self.replay: dict[int, list[Instruction]] = {}  # setup instructions to redo, in order, on a new actor
         self.failure_events: list[dict] = []
-        self.restarts = 0
         self.fault_plan = self._plan_faults(inject_faults, seed, rounds)
 
     def _plan_faults(self, count: int, seed: int, rounds: int) -> dict[int, list[int]]:
@@ -78,7 +76,7 @@ class RayExecutor(Executor):
             plan.setdefault(int(rng.integers(1, rounds + 1)), []).append(int(rng.integers(len(self.actors))))
         return plan
 
-    def _dispatch(self, instructions: dict[int, Instruction]) -> dict[int, Reply]:
+    def _dispatch(self, instructions: dict[int, Instruction], rnd: int, replay: bool) -> dict[int, Reply]:
         payload_refs: list = []
         payload_index: dict[int, int] = {}
         batches: dict[int, list] = {}
@@ -88,15 +86,13 @@ class RayExecutor(Executor):
                 payload_index[key] = len(payload_refs)
                 payload_refs.append(ray.put(dict(ins.tensors)))
             batches.setdefault(self.assignment[cid], []).append((cid, ins.operation, payload_index[key], dict(ins.config)))
-            if ins.operation == DATA_STANDARDIZE:
-                self.replay[cid] = ins
         pending = {}
         for index, batch in sorted(batches.items()):
             replies_ref, states_ref = self.actors[index].execute.options(num_returns=2).remote(batch, *payload_refs)
             pending[replies_ref] = (index, states_ref)
-        for index in self.fault_plan.pop(self.current_round, []):
+        for index in self.fault_plan.pop(rnd, []):
             if index in batches:
-                log.warning("injected fault: killing client actor %d in round %d", index, self.current_round)
+                log.warning("injected fault: killing client actor %d in round %d", index, rnd)
                 ray.kill(self.actors[index], no_restart=True)
         replies: dict[int, Reply] = {}
         attempts: dict[int, int] = {}
@@ -114,8 +110,8 @@ class RayExecutor(Executor):
                 attempts[index] = attempts.get(index, 0) + 1
                 clients = [item[0] for item in batches[index]]
                 if attempts[index] > self.max_restarts:
-                    self.failure_events.append({"round": self.current_round, "clients": clients, "error": type(exc).__name__})
-                    log.error("clients %s failed %d times in round %d: continuing without them", clients, attempts[index], self.current_round)
+                    self.failure_events.append({"round": rnd, "clients": clients, "error": type(exc).__name__})
+                    log.error("clients %s failed %d times in round %d: continuing without them", clients, attempts[index], rnd)
                     self.actors[index] = self._recreate(index)
                     continue
                 log.warning("client actor %d died (%s): recreating it and redoing its work", index, type(exc).__name__)
@@ -125,6 +121,8 @@ class RayExecutor(Executor):
                 continue
             for item in batches[index]:
                 self.state_refs[item[0]] = states_ref
+                if replay:  # recorded once it succeeded: a recreated actor replays it, a redone call does not repeat it
+                    self.replay.setdefault(item[0], []).append(instructions[item[0]])
             for reply in batch_replies:
                 replies[reply.client_id] = reply
         return dict(sorted(replies.items()))
@@ -134,7 +132,7 @@ class RayExecutor(Executor):
         self.restarts += 1
         actor = self.spec.create(index)
         hosted = self.spec.hosted[index]
-        replay = [(cid, self.replay[cid]) for cid in hosted if cid in self.replay]
+        replay = [(cid, ins) for cid in hosted for ins in self.replay.get(cid, [])]
         if replay:
             refs = [ray.put(dict(ins.tensors)) for _, ins in replay]
             ray.get(actor.execute.remote([(cid, ins.operation, i, dict(ins.config)) for i, (cid, ins) in enumerate(replay)], *refs))
@@ -142,6 +140,10 @@ class RayExecutor(Executor):
         if state_refs:
             ray.get(actor.import_state_objects.remote(list(hosted), *state_refs))
         return actor
+
+    def placement(self) -> dict:
+        """The Ray nodes the client actors run on (recorded in the first round's metrics)."""
+        return {"client_nodes": sorted(set(ray.get([a.node_id.remote() for a in self.actors])))}
 
     def take_failure_events(self) -> list[dict]:
         events, self.failure_events = self.failure_events, []

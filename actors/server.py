@@ -1,50 +1,30 @@
-"""ServerActor: holds the method's global state and aggregates, next to the client actors."""
+"""The server on Ray: a :class:`fedsim.runtime.server.Server` in an actor, behind one generic forwarding proxy."""
 from __future__ import annotations
 
-import logging
+import ray
 
-import torch
-
-from actors.executor import ActorSpec, RayExecutor
-from fedsim.runtime.server import Server
+from fedsim.runtime.server import SERVER_HANDLE_METHODS, Server
 
 
-class ServerActor:
-    def __init__(self, config, federation, client_actors: list, spec: ActorSpec):
-        logging.basicConfig(level=logging.WARNING)
-        torch.set_num_threads(1)
-        executor = RayExecutor(
-            client_actors, spec, max_restarts=config.resources.max_restarts, inject_faults=config.run.inject_faults,
-            seed=config.run.seed, rounds=config.run.rounds, call_timeout=config.resources.call_timeout_s,
-        )
-        self.server = Server(config, federation, executor)
+class RemoteServer:
+    """A ServerHandle whose methods run on a Server in a Ray actor (each call waits for its result)."""
 
-    def ready(self) -> bool:
-        return True
+    def __init__(self, config, federation, executor, client_actors: list, assignment: dict):
+        self.client_actors = client_actors
+        self.assignment = assignment  # client id -> index of the actor that hosts it
+        self.actor = ray.remote(Server).options(num_cpus=0).remote(config, federation, executor)
 
-    def run_round(self, rnd: int, evaluate: bool) -> dict:
-        return self.server.run_round(rnd, evaluate)
+    def __getattr__(self, name: str):
+        if name not in SERVER_HANDLE_METHODS:
+            raise AttributeError(f"{type(self).__name__} forwards only {SERVER_HANDLE_METHODS}, not {name!r}")
+        remote = getattr(self.actor, name)
+        return lambda *args, **kwargs: ray.get(remote.remote(*args, **kwargs))
 
-    def global_tensors(self) -> dict:
-        return self.server.global_tensors()
+    def ready(self) -> None:
+        """Wait until the server and every client actor are constructed (a failing constructor raises here)."""
+        ray.get([a.ready.remote() for a in self.client_actors] + [self.actor.__ray_ready__.remote()])
 
-    def export_state(self) -> dict:
-        return self.server.export_state()
-
-    def restore_state(self, saved: dict) -> None:
-        self.server.restore_state(saved)
-
-    def export_client_states(self) -> dict:
-        """Gathered for a checkpoint file: returned to the driver, not used by the server's method."""
-        return self.server.export_client_states()
-
-    def import_client_states(self, states: dict) -> None:
-        self.server.import_client_states(states)
-
-    def client_nodes(self) -> list[str]:
-        import ray
-
-        return ray.get([a.node_id.remote() for a in self.server.executor.actors])
-
-    def restarts(self) -> int:
-        return self.server.executor.restarts
+    def close(self) -> None:
+        for actor in self.client_actors + [self.actor]:
+            ray.kill(actor)
+        self.client_actors = []

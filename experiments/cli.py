@@ -29,7 +29,7 @@ FLAG_TO_KEY = {
     "gpus_per_client": "resources.gpus_per_client",
     "clients_per_round": "run.clients_per_round",
     "sources": "data.sources",
-    "inject_faults": "run.inject_faults",
+    "inject_faults": "ray.inject_faults",
 }
 
 

@@ -153,7 +153,7 @@ def picture(config, server, executor, weights_b: dict, path: Path, domain: str =
     from fedsim.data.detection import client_targets
     from fedsim.data.scenario import get_domain, load_client_data
     from fedsim.methods._detection_common import detect_all
-    from fedsim.methods.training import load_numpy
+    from fedsim.methods.common.training import load_numpy
 
     method = server.method
     cid = next(c for c in method.client_ids if server.federation.info(c).domain == domain)

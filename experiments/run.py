@@ -41,14 +41,14 @@ def run_experiment(
     else:
         import ray
 
-        from actors.backend import RayServerProxy, connect
+        from actors.backend import connect, start_server
 
         started_ray = connect(config.run.address, num_cpus=num_cpus)
         forget_domain_data(config.data)  # the actors build their own data; the driver needs only the description
         server = None
     try:
         if server is None:
-            server = RayServerProxy(config, federation)
+            server = start_server(config, federation)
         simulator = Simulator(config, server, out_dir, callbacks, resume=resume)
         summary = simulator.run()
         tensors = server.global_tensors()

@@ -29,7 +29,7 @@ class TrialPlan:
 
 
 def plan_trial(config, num_clients: int, cluster: dict[str, float]) -> TrialPlan:
-    """Client actors of one trial: one per client, at most ``resources.max_actors``, and few enough
+    """Client actors of one trial: one per client, at most ``ray.max_actors``, and few enough
     that the whole trial fits in the cluster as it is now (so it can always be placed)."""
     cpus = config.resources.cpus_per_client
     gpus = config.resources.gpus_per_client if cluster.get("GPU", 0) > 0 else 0.0
@@ -42,8 +42,8 @@ def plan_trial(config, num_clients: int, cluster: dict[str, float]) -> TrialPlan
     if gpus > cluster.get("GPU", 0.0) + 1e-9:
         raise UserError(f"--gpus-per-client {gpus:g} is more than the {cluster['GPU']:g} GPUs of the Ray cluster: lower it")
     count = num_clients
-    if config.resources.max_actors:
-        count = min(count, config.resources.max_actors)
+    if config.ray.max_actors:
+        count = min(count, config.ray.max_actors)
     count = min(count, math.floor((total_cpus - TRIAL_CPUS) / cpus + 1e-9))
     if gpus > 0:
         count = min(count, math.floor(cluster["GPU"] / gpus + 1e-9))
@@ -86,13 +86,12 @@ class TuneReport(Callback):
     def on_run_start(self, simulator) -> None:
         self.started = time.perf_counter()
         self.sent = self.received = 0
-        client_nodes = getattr(simulator.server, "client_nodes", None)
-        if callable(client_nodes):
-            self.nodes = ",".join(sorted(set(client_nodes())))
 
     def on_round_end(self, simulator, metrics: dict) -> None:
         self.sent += int(metrics.get("bytes_sent", 0))
         self.received += int(metrics.get("bytes_received", 0))
+        if metrics.get("client_nodes"):  # recorded in the first round the server runs
+            self.nodes = ",".join(sorted(set(metrics["client_nodes"])))
         row = flatten(metrics)
         row.update(bytes_sent_total=self.sent, bytes_received_total=self.received,
                    elapsed_seconds=round(time.perf_counter() - self.started, 3))
@@ -121,7 +120,7 @@ def run_trial(params: dict, spec_json: str = "", sweep_dir: str = "") -> None:
     actors = len(request.bundles) - (0 if request.head_bundle_is_empty else 1)
     point = {k: v for k, v in params.items() if "." in k}
     spec = SweepSpec.from_json(spec_json)
-    config = spec.config_for(point, ("run.backend=ray", "run.progress=false", f"resources.max_actors={max(1, actors)}"))
+    config = spec.config_for(point, ("run.backend=ray", "run.progress=false", f"ray.max_actors={max(1, actors)}"))
     out_dir = Path(sweep_dir) / RUNS_DIR / context.get_trial_id()
     reporter = TuneReport()
     result = run_experiment(config, out_dir, callbacks=default_callbacks(config, out_dir) + [reporter])

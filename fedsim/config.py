@@ -74,7 +74,6 @@ class RunConfig:
     eval_every: int = 1
     clients_per_round: Optional[float] = None  # None: all; an integer >= 1: that many; a fraction in (0, 1): that share
     checkpoint_every: int = 5  # rounds between checkpoints (0: none); `fedsim run --resume DIR` continues
-    inject_faults: int = 0  # Ray backend: kill this many client actors at seeded rounds (recovery demo/tests)
     early_stop_patience: Optional[int] = None  # rounds without source-accuracy gain; never uses target labels
     tensorboard: bool = True
     progress: bool = True
@@ -84,9 +83,23 @@ class RunConfig:
 class ResourcesConfig:
     cpus_per_client: float = 1.0
     gpus_per_client: float = 0.0
+
+
+@dataclass(frozen=True)
+class RayConfig:
+    """Settings of the Ray backend only (read by ``actors/``; the local backend ignores them)."""
+
     max_restarts: int = 3  # attempts to recreate a dead client actor within one operation
-    call_timeout_s: float = 0.0  # Ray backend: a client call silent this long counts as failed (0: wait forever)
+    call_timeout_s: float = 0.0  # a client call silent this long counts as failed (0: wait forever)
     max_actors: Optional[int] = None  # None: as many as the cluster's CPUs allow, at most one per client
+    inject_faults: int = 0  # kill this many client actors at seeded rounds (recovery demo and tests)
+
+
+#: keys that moved to the ``ray`` section: an old config gets one line naming the new key
+MOVED_KEYS = {
+    "run.inject_faults": "ray.inject_faults", "resources.max_restarts": "ray.max_restarts",
+    "resources.call_timeout_s": "ray.call_timeout_s", "resources.max_actors": "ray.max_actors",
+}
 
 
 @dataclass(frozen=True)
@@ -96,6 +109,7 @@ class ExperimentConfig:
     method: MethodConfig = field(default_factory=MethodConfig)
     run: RunConfig = field(default_factory=RunConfig)
     resources: ResourcesConfig = field(default_factory=ResourcesConfig)
+    ray: RayConfig = field(default_factory=RayConfig)
 
     def to_dict(self) -> dict:
         return to_plain(self)
@@ -179,7 +193,9 @@ def _build(cls: type, values: dict, where: str, extra_valid: tuple[str, ...] = (
     kwargs = {}
     for key, value in values.items():
         if key not in valid:
-            raise UserError(f"unknown config key '{where}.{key}': {_closest(key, valid + list(extra_valid))}")
+            moved = MOVED_KEYS.get(f"{where}.{key}")
+            hint = f"it moved to {moved!r} (Ray backend settings)" if moved else _closest(key, valid + list(extra_valid))
+            raise UserError(f"unknown config key '{where}.{key}': {hint}")
         kwargs[key] = _coerce(value, hints[key], f"{where}.{key}")
     return cls(**kwargs)
 
@@ -269,6 +285,7 @@ def build_config(raw: dict) -> ExperimentConfig:
         "method": dataclasses.replace(_build(MethodConfig, method_raw, "method", tuple(params_valid)), params=params),
         "run": _build(RunConfig, sections.get("run", {}), "run"),
         "resources": _build(ResourcesConfig, sections.get("resources", {}), "resources"),
+        "ray": _build(RayConfig, sections.get("ray", {}), "ray"),
     }
     config = ExperimentConfig(**built)
     validate(config)
@@ -312,6 +329,10 @@ def validate(config: ExperimentConfig) -> None:
         (config.run.checkpoint_every >= 0, f"run.checkpoint_every must be 0 (off) or positive, got {config.run.checkpoint_every}"),
         (config.run.eval_every > 0, f"run.eval_every must be positive, got {config.run.eval_every}"),
         (config.resources.cpus_per_client > 0, f"resources.cpus_per_client must be positive, got {config.resources.cpus_per_client}: pass --cpus-per-client 0.5 or more"),
+        (config.ray.max_restarts >= 0, f"ray.max_restarts must be 0 or more, got {config.ray.max_restarts}"),
+        (config.ray.call_timeout_s >= 0, f"ray.call_timeout_s must be 0 (wait forever) or more, got {config.ray.call_timeout_s}"),
+        (config.ray.max_actors is None or config.ray.max_actors > 0, f"ray.max_actors must be positive, got {config.ray.max_actors}"),
+        (config.ray.inject_faults >= 0, f"ray.inject_faults must be 0 or more, got {config.ray.inject_faults}: pass --inject-faults 0 or more"),
         (config.resources.gpus_per_client >= 0, f"resources.gpus_per_client must be 0 or more, got {config.resources.gpus_per_client}"),
         (config.data.max_train_per_domain is None or config.data.max_train_per_domain > 0, "data.max_train_per_domain must be positive"),
     ]

@@ -10,7 +10,7 @@ from fedsim.data.scenario import build_federation, load_client_data
 from fedsim.errors import UserError
 from fedsim.messages import Instruction
 from fedsim.methods.fedbn import bn_keys
-from fedsim.methods.training import load_numpy, weighted_average
+from fedsim.methods.common.training import load_numpy, weighted_average
 from fedsim.runtime import Server
 
 from conftest import RecordingExecutor, write_image_domains

@@ -65,7 +65,8 @@ def test_client_host_frees_a_domain_once_its_clients_hold_their_data(toy_overrid
     """A host keeps one copy of each client's data, not the full domain arrays beside them (memory at 1,000 clients)."""
     from fedsim.data.scenario import get_benchmark
     from fedsim.messages import Instruction
-    from fedsim.runtime.client_host import DATA_STATS, ClientHost
+    from fedsim.data.normalization import DATA_STATS
+    from fedsim.runtime.client_host import ClientHost
 
     config = load_config(None, toy_overrides + ["data.clients_per_domain=2", "data.normalization=federated"])
     federation = build_federation(config.data)

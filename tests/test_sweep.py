@@ -109,7 +109,7 @@ def test_trial_plan_fits_the_cluster(toy_overrides):
     config = load_config(None, toy_overrides + ["resources.cpus_per_client=0.5"])
     assert plan_trial(config, 3, {"CPU": 2.0}) == TrialPlan(3, 0.5, 0.0)
     assert plan_trial(config, 3, {"CPU": 1.0}) == TrialPlan(1, 0.5, 0.0)  # 0.1 + 1 x 0.5 fits, 2 would not
-    capped = load_config(None, toy_overrides + ["resources.cpus_per_client=0.5", "resources.max_actors=2"])
+    capped = load_config(None, toy_overrides + ["resources.cpus_per_client=0.5", "ray.max_actors=2"])
     assert plan_trial(capped, 3, {"CPU": 8.0}).actors == 2
     gpu = load_config(None, toy_overrides + ["resources.cpus_per_client=1", "resources.gpus_per_client=0.25"])
     assert plan_trial(gpu, 8, {"CPU": 16.0, "GPU": 1.0}) == TrialPlan(4, 1.0, 0.25)  # 4 actors share one GPU
@@ -131,19 +131,13 @@ def test_trial_resources_is_a_placement_group_factory():
 
 
 def test_tune_report_flattens_rounds_and_keeps_totals():
-    class Server:
-        def client_nodes(self):
-            return ["b", "a", "b"]
-
-    class Simulator:
-        server = Server()
-
     rows = []
     callback = TuneReport(report=rows.append)
-    callback.on_run_start(Simulator())
+    callback.on_run_start(None)
     for rnd in (1, 2):
-        callback.on_round_end(Simulator(), {"round": rnd, "train_loss": {"0": 0.5}, "source_accuracy": {"usps": 0.9},
-                                            "target_accuracy": 0.7, "bytes_sent": 10, "bytes_received": 4})
+        placement = {"client_nodes": ["b", "a", "b"]} if rnd == 1 else {}  # the first round records where clients run
+        callback.on_round_end(None, {"round": rnd, "train_loss": {"0": 0.5}, "source_accuracy": {"usps": 0.9},
+                                     "target_accuracy": 0.7, "bytes_sent": 10, "bytes_received": 4, **placement})
     assert rows[1]["source_accuracy/usps"] == 0.9 and rows[1]["train_loss/0"] == 0.5
     assert (rows[0]["bytes_sent_total"], rows[1]["bytes_sent_total"], rows[1]["bytes_received_total"]) == (10, 20, 8)
     assert rows[1]["client_nodes"] == "a,b"
@@ -162,7 +156,7 @@ def test_sweep_interrupted_then_resumed(toy_overrides, tmp_path, ray_cluster, ca
     running when the stop arrives however fast its actors start."""
     out = tmp_path / "sweep"
     args = ["sweep", "-q", "--out", str(out), "--set", "run.rounds=2,40", "--cpus-per-client", "1",
-            "--set", "resources.max_actors=1"] + _flags(toy_overrides, drop=("run.rounds",))
+            "--set", "ray.max_actors=1"] + _flags(toy_overrides, drop=("run.rounds",))
     stop = threading.Event()
 
     def interrupt_after_first_trial():

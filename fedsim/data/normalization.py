@@ -130,3 +130,23 @@ def normalize_domains(domains: Mapping[str, tuple[np.ndarray, np.ndarray]], how:
         return {d: per_domain_standardize(tr, te) for d, (tr, te) in domains.items()}
     mean, std = federated_mean_std(tr for tr, _ in domains.values())
     return {d: (standardize(tr, mean, std), standardize(te, mean, std)) for d, (tr, te) in domains.items()}
+
+
+#: the two client operations of the standardization setup stage, answered by every client host for every method
+DATA_STATS = "data_stats"
+DATA_STANDARDIZE = "data_standardize"
+
+
+def standardize_federation(ctx, how: str, clients: list[int]) -> None:
+    """The setup stage of ``data.normalization`` (run once before round 1, its bytes counted in round 1).
+
+    ``federated``: clients send (count, sum, sum of squares) of their training inputs, the server
+    combines them into one mean/std and sends it back (no raw rows leave a client).
+    ``per-domain``: each client standardizes by its own statistics (nothing sent). ``none``: nothing.
+    """
+    if how == "federated":
+        replies = ctx.call(DATA_STATS, None, clients)
+        mean, std = mean_std(combine_stats(FeatureStats.from_tensors(r.tensors) for r in replies.values()))
+        ctx.call(DATA_STANDARDIZE, {"mean": mean.astype(np.float32), "std": std.astype(np.float32)}, clients)
+    elif how == "per-domain":
+        ctx.call(DATA_STANDARDIZE, None, clients, {"own_statistics": True})

@@ -32,7 +32,7 @@ from fedsim.errors import UserError
 from fedsim.messages import Instruction, Reply
 from fedsim.methods._detection_eval import DetectionEvaluation, Family, Weights, detect_all, prefixed, with_prefix
 from fedsim.methods.base import ServerState
-from fedsim.methods.training import load_numpy, model_to_numpy, weighted_average
+from fedsim.methods.common.training import load_numpy, model_to_numpy, weighted_average
 from fedsim.models.detector import Detector, DetectorSpec, build_detector
 from fedsim.registry import BENCHMARKS
 from fedsim.seeding import derive_seed

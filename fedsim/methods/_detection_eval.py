@@ -31,7 +31,7 @@ from fedsim.detection.fusion import fuse
 from fedsim.detection.metrics import MatchRecords, accumulate, comprehensive, match_records
 from fedsim.messages import Instruction, Reply
 from fedsim.methods.base import Method, Replies, ServerState
-from fedsim.methods.training import load_numpy
+from fedsim.methods.common.training import load_numpy
 from fedsim.models.detector import Detector
 
 Weights = dict[str, np.ndarray]

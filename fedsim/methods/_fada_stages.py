@@ -28,7 +28,7 @@ from fedsim.messages import Instruction, Reply
 from fedsim.methods._fada_gap import gap_statistic, softmax
 from fedsim.methods._feature_alignment import TARGET_FEATURES, encode_subset
 from fedsim.methods.base import Method
-from fedsim.methods.training import evaluate_model, load_numpy, model_to_numpy, train_epochs
+from fedsim.methods.common.training import evaluate_model, load_numpy, model_to_numpy, train_epochs
 from fedsim.models.fada_parts import FADANet
 from fedsim.seeding import derive_seed, numpy_rng
 

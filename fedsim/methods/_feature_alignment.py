@@ -53,7 +53,7 @@ from fedsim.losses import DomainLoss, dann_schedule
 from fedsim.messages import Instruction, Reply
 from fedsim.methods.base import Replies, ServerState
 from fedsim.methods.fedavg import FedAvg
-from fedsim.methods.training import load_numpy, make_optimizer, model_to_numpy
+from fedsim.methods.common.training import load_numpy, make_optimizer, model_to_numpy
 from fedsim.seeding import derive_seed, numpy_rng
 
 TARGET_FEATURES = "target_features"  # payload key of the target features in the sources' fit instruction

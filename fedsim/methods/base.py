@@ -2,24 +2,24 @@
 
 Server half (runs where the global state lives):
     ``init_server() -> state``
-    ``configure_round(round, state) -> {client_id: Instruction}``
-    ``aggregate(round, state, replies) -> (state, metrics)``
-    ``run_round(round, state, executor)``: configure -> executor -> aggregate; a
-    method with several exchanges per round overrides it and calls the executor
-    once per stage.
-    ``configure_evaluate(round, state)``: instructions for the ``evaluate`` operation.
+    ``run_round(ctx, state) -> (state, metrics)``: the round as a sequence of stages, each one exchange
+    ``ctx.call(operation, tensors, clients, config=...) -> {client_id: Reply}`` (see
+    :class:`fedsim.runtime.context.RoundContext`), in the order of the paper's algorithm box.
+    ``evaluate_round(ctx, state) -> metrics``: by default every client evaluates ``evaluation_tensors(state)``.
+    :class:`SingleExchange` gives ``run_round`` to methods that are one exchange per round
+    (``configure`` / ``aggregate``, Flower's pairing).
 
 Client half (runs where the client's data lives):
     ``init_client(data) -> private state``
-    named operations listed in ``operations``, each
-    ``(instruction, private_state, data) -> (Reply, private_state)``.
+    operations marked ``@client_operation``, each ``(instruction, private_state, data) -> (Reply, private_state)``.
 
 Private client state (a personalized head, norm statistics, barycentric
 coordinates) stays in the client's process and never appears in a Reply.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, ClassVar, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Callable, ClassVar, Iterable, Mapping
 
 import numpy as np
 import torch
@@ -27,28 +27,64 @@ import torch
 from fedsim.config import ExperimentConfig, NoParams
 from fedsim.data.base import ClientData
 from fedsim.data.scenario import Federation
-from fedsim.messages import Instruction, Reply
+from fedsim.messages import Instruction, Reply, Tensors
 from fedsim.seeding import derive_seed
 
 ServerState = dict
 Replies = Mapping[int, Reply]
+ClientOperation = Callable[[Any, Instruction, Any, ClientData], tuple[Reply, Any]]
+
+
+def client_operation(function: ClientOperation) -> ClientOperation:
+    """Declare a method function as a client operation that the server may call by name."""
+    function.is_client_operation = True  # type: ignore[attr-defined]
+    return function
 
 
 class Method:
-    """Base class; subclasses register with ``@METHODS.register(name)``."""
+    """Base class; subclasses register with ``@METHODS.register(name)``. Class attributes, all read by the runtime:"""
 
+    #: the method's own frozen parameter dataclass (``method.<name>`` keys); ``__post_init__`` validates it
     Params: ClassVar[type] = NoParams
-    task: ClassVar[str] = "classification"  # or "detection": which benchmarks the method runs on
-    operations: ClassVar[tuple[str, ...]] = ("fit", "evaluate")
+    #: "classification" or "detection": the benchmarks' task the method runs on (other pairs are refused up front)
+    task: ClassVar[str] = "classification"
     #: client-state keys that are caches rebuilt on demand (e.g. a model shared by the clients of a
-    #: process), not private state: checkpoints and actor recovery leave them out
+    #: process), not private state: checkpoints, actor recovery and the privacy contract leave them out
     transient_state_keys: ClassVar[tuple[str, ...]] = ("model",)
+    #: True for references that move client data to the server on purpose (pooled training): their replies
+    #: carry inputs, which the privacy contract test otherwise forbids
+    centralized: ClassVar[bool] = False
+    #: config values this method changes from the library's defaults, per section (e.g. FedOD's 3 rounds);
+    #: a user's file or override still wins
+    config_defaults: ClassVar[Mapping[str, Mapping[str, Any]]] = {}
+    #: the name it is registered under (set by the registry)
+    registry_name: ClassVar[str] = ""
+    #: names of the ``@client_operation`` functions (collected when the class is defined)
+    operations: ClassVar[frozenset[str]] = frozenset()
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        cls.operations = frozenset(
+            name for klass in cls.__mro__ for name, value in vars(klass).items() if getattr(value, "is_client_operation", False)
+        )
 
     def __init__(self, config: ExperimentConfig, federation: Federation, device: str = "cpu"):
         self.config = config
         self.federation = federation
         self.params = config.method.params
         self.device = torch.device(device)
+
+    @classmethod
+    def description(cls) -> str:
+        """One line for ``fedsim list``: the first line of the class or module docstring."""
+        import sys
+
+        doc = cls.__doc__ or sys.modules[cls.__module__].__doc__ or ""
+        return doc.strip().splitlines()[0] if doc.strip() else ""
+
+    @classmethod
+    def check_setting(cls, config: ExperimentConfig, federation: Federation) -> None:
+        """Refuse a scenario this method cannot run (raise UserError); called before anything is written."""
 
     # ---- helpers ----------------------------------------------------------
     def client_seed(self, rnd: int, client_id: int, operation: str) -> int:
@@ -68,25 +104,24 @@ class Method:
 
     def operation(self, name: str) -> Callable[[Instruction, Any, ClientData], tuple[Reply, Any]]:
         if name not in self.operations:
-            raise ValueError(f"method {type(self).__name__} has no client operation {name!r} (has {self.operations})")
+            raise ValueError(f"method {type(self).__name__} has no client operation {name!r} (has {sorted(self.operations)})")
         return getattr(self, name)
 
     # ---- server half ------------------------------------------------------
     def init_server(self) -> ServerState:
         raise NotImplementedError
 
-    def configure_round(self, rnd: int, state: ServerState) -> dict[int, Instruction]:
+    def run_round(self, ctx, state: ServerState) -> tuple[ServerState, dict]:
         raise NotImplementedError
 
-    def aggregate(self, rnd: int, state: ServerState, replies: Replies) -> tuple[ServerState, dict]:
-        raise NotImplementedError
+    def evaluation_tensors(self, state: ServerState) -> Tensors:
+        """What every client receives to evaluate (default: the global weights)."""
+        return state["weights"]
 
-    def run_round(self, rnd: int, state: ServerState, executor) -> tuple[ServerState, dict]:
-        replies = executor.run(self.configure_round(rnd, state))
-        return self.aggregate(rnd, state, replies)
-
-    def configure_evaluate(self, rnd: int, state: ServerState) -> dict[int, Instruction]:
-        raise NotImplementedError
+    def evaluate_round(self, ctx, state: ServerState) -> dict:
+        """Every client evaluates; the replies become the round's accuracy metrics."""
+        replies = ctx.call("evaluate", self.evaluation_tensors(state), self.federation.client_ids)
+        return self.summarize_evaluation(ctx.round, replies)
 
     def summarize_evaluation(self, rnd: int, replies: Replies) -> dict:
         """Evaluation replies -> round metrics (default: pooled accuracy per domain; detection overrides it)."""
@@ -102,8 +137,27 @@ class Method:
     def init_client(self, data: ClientData) -> Any:
         return None
 
-    def fit(self, instruction: Instruction, state: Any, data: ClientData) -> tuple[Reply, Any]:
+
+@dataclass(frozen=True)
+class Exchange:
+    """One round's single exchange: ``operation`` with ``tensors`` on ``clients`` (``config`` as in ctx.call)."""
+
+    operation: str
+    tensors: Any
+    clients: Iterable[int]
+    config: Any = field(default=None)
+
+
+class SingleExchange(Method):
+    """Methods that are one exchange per round: ``configure`` what to send, ``aggregate`` the replies."""
+
+    def configure(self, ctx, state: ServerState) -> Exchange:
         raise NotImplementedError
 
-    def evaluate(self, instruction: Instruction, state: Any, data: ClientData) -> tuple[Reply, Any]:
+    def aggregate(self, ctx, state: ServerState, replies: Replies) -> tuple[ServerState, dict]:
         raise NotImplementedError
+
+    def run_round(self, ctx, state: ServerState) -> tuple[ServerState, dict]:
+        exchange = self.configure(ctx, state)
+        replies = ctx.call(exchange.operation, exchange.tensors, exchange.clients, exchange.config)
+        return self.aggregate(ctx, state, replies)

@@ -32,7 +32,7 @@ from fedsim.data.base import ArraySplit, ClientData
 from fedsim.messages import Instruction, Reply
 from fedsim.methods.base import ServerState
 from fedsim.methods.fedavg import FedAvg
-from fedsim.methods.training import load_numpy, make_optimizer, model_to_numpy, train_epochs
+from fedsim.methods.common.training import load_numpy, make_optimizer, model_to_numpy, train_epochs
 from fedsim.registry import METHODS
 
 

@@ -67,7 +67,7 @@ from fedsim.methods._fada_gap import gap_statistic, softmax
 from fedsim.methods._fada_stages import DELTA, FEATURE_GRAD, FADAClientStages, batch_indices, preserved_buffers
 from fedsim.methods._feature_alignment import TARGET_FEATURES
 from fedsim.methods.base import ServerState
-from fedsim.methods.training import model_to_numpy
+from fedsim.methods.common.training import model_to_numpy
 from fedsim.models import build_model
 from fedsim.models.fada_parts import FADANet, SourceParts, build_fada_net, feature_width
 from fedsim.registry import METHODS

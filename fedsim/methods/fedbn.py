@@ -32,7 +32,7 @@ from fedsim.errors import UserError
 from fedsim.messages import Instruction, Reply
 from fedsim.methods.base import ServerState
 from fedsim.methods.fedavg import FedAvg
-from fedsim.methods.training import evaluate_model, load_numpy, model_to_numpy
+from fedsim.methods.common.training import evaluate_model, load_numpy, model_to_numpy
 from fedsim.registry import METHODS
 
 log = logging.getLogger(__name__)

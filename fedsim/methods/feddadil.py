@@ -31,7 +31,7 @@ from fedsim.messages import Instruction, Reply
 from fedsim.methods import _dadil as dil
 from fedsim.methods.base import ServerState
 from fedsim.methods.fedavg import FedAvg
-from fedsim.methods.training import load_numpy
+from fedsim.methods.common.training import load_numpy
 from fedsim.registry import METHODS
 from fedsim.seeding import derive_seed, numpy_rng
 

@@ -46,7 +46,7 @@ from fedsim.errors import UserError
 from fedsim.messages import Instruction, Reply
 from fedsim.methods._detection_common import DetectionMethod, DetectionParams, Family, Weights, prefixed, with_prefix
 from fedsim.methods.base import ServerState
-from fedsim.methods.training import load_numpy, model_to_numpy, weighted_average
+from fedsim.methods.common.training import load_numpy, model_to_numpy, weighted_average
 from fedsim.registry import METHODS
 
 MODES = ("fedod", "baseline1", "baseline2")

@@ -9,29 +9,36 @@ from dataclasses import dataclass
 
 import torch
 
+from fedsim.errors import UserError
 from fedsim.messages import Instruction
+from fedsim.methods.common.training import classification_loss
 from fedsim.methods.fedavg import FedAvg
 from fedsim.registry import METHODS
 
 
 @METHODS.register("fedprox")
 class FedProx(FedAvg):
+    """FedProx (Li et al. 2020): FedAvg plus the proximal term mu/2 ||w - w_global||^2."""
+
     @dataclass(frozen=True)
     class Params:
         mu: float = 0.01  # proximal coefficient (the paper's mu; 0 recovers FedAvg)
 
-    def local_objective(self, instruction: Instruction):
+        def __post_init__(self):
+            if self.mu < 0:
+                raise UserError(f"method.mu must be 0 or more, got {self.mu}: e.g. --set method.mu=0.01")
+
+    def local_loss(self, instruction: Instruction):
         mu = self.params.mu
         if mu == 0:
             return None
         anchors = None
 
-        def proximal(model: torch.nn.Module) -> torch.Tensor:
+        def proximal_objective(model: torch.nn.Module, xb: torch.Tensor, yb: torch.Tensor) -> torch.Tensor:
             nonlocal anchors
+            loss = classification_loss(model, xb, yb)
             if anchors is None:
-                anchors = {
-                    name: torch.tensor(instruction.tensors[name]).to(p.device) for name, p in model.named_parameters()
-                }
-            return 0.5 * mu * sum(((p - anchors[name]) ** 2).sum() for name, p in model.named_parameters())
+                anchors = {name: torch.tensor(instruction.tensors[name]).to(p.device) for name, p in model.named_parameters()}
+            return loss + 0.5 * mu * sum(((p - anchors[name]) ** 2).sum() for name, p in model.named_parameters())
 
-        return proximal
+        return proximal_objective

@@ -17,9 +17,8 @@ from fedsim.data.base import ArraySplit, ClientData
 from fedsim.data.scenario import Federation, forget_domain_data, load_client_data
 from fedsim.messages import Instruction, Reply
 
-#: operations the host answers itself, for every method: the federated standardization protocol
-DATA_STATS = "data_stats"
-DATA_STANDARDIZE = "data_standardize"
+#: operations the host answers itself, for every method: the standardization setup stage
+HOST_OPERATIONS = (normalization.DATA_STATS, normalization.DATA_STANDARDIZE)
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +70,7 @@ class ClientHost:
 
     def execute(self, client_id: int, instruction: Instruction) -> Reply:
         data = self._client(client_id)
-        if instruction.operation in (DATA_STATS, DATA_STANDARDIZE):
+        if instruction.operation in HOST_OPERATIONS:
             return self._standardization(client_id, data, instruction)
         operation = self.method.operation(instruction.operation)
         with torch_threads(self.threads):
@@ -82,7 +81,7 @@ class ClientHost:
 
     def _standardization(self, client_id: int, data: ClientData, instruction: Instruction) -> Reply:
         """Shared standardization from sums (no raw rows leave), or each client by its own statistics."""
-        if instruction.operation == DATA_STATS:
+        if instruction.operation == normalization.DATA_STATS:
             stats = normalization.feature_stats(data.train.x)
             return Reply(client_id, stats.to_tensors(), {}, num_examples=len(data.train))
         if instruction.config.get("own_statistics"):

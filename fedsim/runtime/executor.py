@@ -1,9 +1,12 @@
 """Executors run client operations; LocalExecutor serially in this process.
 
-Every executor implements ``run({client_id: Instruction}) -> {client_id: Reply}``
+Every executor implements ``run({client_id: Instruction}, round, replay) -> {client_id: Reply}``
 (replies sorted by client id, whatever order they arrive in) and counts the
 bytes of what crosses the wire: each client receives its instruction's
-tensors, each reply's tensors come back.
+tensors, each reply's tensors come back. Methods never call it directly: they
+go through :class:`fedsim.runtime.context.RoundContext`. ``replay=True`` marks a
+setup exchange (data standardization) that a backend must redo on a client
+process it recreates.
 """
 from __future__ import annotations
 
@@ -17,23 +20,27 @@ class Executor(ABC):
     def __init__(self):
         self.bytes_sent = 0
         self.bytes_received = 0
-        self.current_round = 0
+        self.restarts = 0  # client processes recreated after a failure (the Ray backend)
 
     def take_failure_events(self) -> list[dict]:
         """Clients that could not answer (after retries) since the last call; recorded in metrics.jsonl."""
         return []
 
-    def run(self, instructions: Mapping[int, Instruction]) -> dict[int, Reply]:
+    def run(self, instructions: Mapping[int, Instruction], rnd: int = 0, replay: bool = False) -> dict[int, Reply]:
         if not instructions:
             return {}
-        replies = self._dispatch(dict(sorted(instructions.items())))
+        replies = self._dispatch(dict(sorted(instructions.items())), rnd, replay)
         self.bytes_sent += sum(ins.nbytes for ins in instructions.values())
         self.bytes_received += sum(replies[cid].nbytes for cid in instructions if cid in replies)
         return {cid: replies[cid] for cid in sorted(instructions) if cid in replies}
 
     @abstractmethod
-    def _dispatch(self, instructions: dict[int, Instruction]) -> dict[int, Reply]:
+    def _dispatch(self, instructions: dict[int, Instruction], rnd: int, replay: bool) -> dict[int, Reply]:
         """Run each instruction on its client; any order."""
+
+    def placement(self) -> dict:
+        """Where the clients run, recorded in the first round's metrics (the Ray backend: ``client_nodes``)."""
+        return {}
 
     def export_client_states(self) -> dict:
         """Every client's private state, for checkpoints (it never goes to the server's method)."""
@@ -55,7 +62,7 @@ class LocalExecutor(Executor):
 
         self.host = ClientHost(config, federation, federation.client_ids, device="cpu")
 
-    def _dispatch(self, instructions: dict[int, Instruction]) -> dict[int, Reply]:
+    def _dispatch(self, instructions: dict[int, Instruction], rnd: int, replay: bool) -> dict[int, Reply]:
         return {cid: self.host.execute(cid, ins) for cid, ins in instructions.items()}
 
     def export_client_states(self) -> dict:

@@ -1,14 +1,16 @@
-"""Server: holds the method's global state, runs rounds through an executor, evaluates."""
+"""Server: holds the method's global state, runs its setup and rounds through a RoundContext, evaluates."""
 from __future__ import annotations
 
 import logging
 import time
+from typing import Optional, Protocol
 
 import numpy as np
 
 from fedsim.data.scenario import Federation
 from fedsim.messages import Reply
 from fedsim.runtime.client_host import torch_threads
+from fedsim.runtime.context import RoundContext
 
 #: torch threads of the server half on every backend (the Ray ServerActor asks for no CPU and runs one
 #: thread): float reductions depend on the thread count, so server-side training (centralized baselines,
@@ -43,8 +45,27 @@ def summarize_evaluation(federation: Federation, replies: dict[int, Reply]) -> d
     return metrics
 
 
+#: what the Simulator calls on a server, wherever it runs (a Server here, a Ray actor behind a forwarding proxy)
+SERVER_HANDLE_METHODS = (
+    "setup", "run_round", "global_tensors", "export_state", "restore_state", "export_client_states", "import_client_states",
+)
+
+
+class ServerHandle(Protocol):
+    """The server as the Simulator sees it; ``actors.server.RemoteServer`` forwards these to a Ray actor."""
+
+    def setup(self, first_round: int) -> None: ...
+    def run_round(self, rnd: int, evaluate: bool) -> dict: ...
+    def global_tensors(self) -> dict[str, np.ndarray]: ...
+    def export_state(self) -> dict: ...
+    def restore_state(self, saved: dict) -> None: ...
+    def export_client_states(self) -> dict: ...
+    def import_client_states(self, states: dict) -> None: ...
+    def close(self) -> None: ...
+
+
 class Server:
-    """The server half of a run, in whatever process holds it (the driver or a Ray ServerActor)."""
+    """The server half of a run, in whatever process holds it (the driver, or a Ray actor)."""
 
     def __init__(self, config, federation: Federation, executor):
         from fedsim.registry import METHODS
@@ -55,44 +76,37 @@ class Server:
         self.method = METHODS.get(config.method.name)(config, federation, device="cpu")
         self.state = self.method.init_server()
         self._restarts_seen = 0
+        self._placement_recorded = False
+        self._bytes_mark: Optional[tuple[int, int]] = None  # counters before a setup stage: counted in the next round
 
-    def standardize_clients(self) -> None:
-        """Before round 1: the data standardization of ``data.normalization`` (its bytes count in round 1).
+    def context(self, rnd: int, setup: bool = False) -> RoundContext:
+        return RoundContext(self.executor, self.config.run.seed, rnd, setup=setup)
 
-        ``federated``: clients send (count, sum, sum of squares) of their training
-        inputs, the server combines them into one mean/std and sends it back.
-        ``per-domain``: each client standardizes by its own statistics (nothing sent).
-        """
-        from fedsim.data import normalization
+    def setup(self, first_round: int) -> None:
+        """The setup stages before ``first_round`` (data standardization); their bytes count in that round."""
+        from fedsim.data.normalization import standardize_federation
         from fedsim.data.scenario import resolve_normalization
-        from fedsim.messages import Instruction
-        from fedsim.runtime.client_host import DATA_STANDARDIZE, DATA_STATS
 
+        if self._bytes_mark is None:
+            self._bytes_mark = (self.executor.bytes_sent, self.executor.bytes_received)
         how = resolve_normalization(self.config.data)
-        clients = self.federation.client_ids
-        if how == "federated":
-            replies = self.executor.run({cid: Instruction(DATA_STATS) for cid in clients})
-            stats = normalization.combine_stats(normalization.FeatureStats.from_tensors(r.tensors) for r in replies.values())
-            mean, std = normalization.mean_std(stats)
-            shared = {"mean": mean.astype(np.float32), "std": std.astype(np.float32)}
-            self.executor.run({cid: Instruction(DATA_STANDARDIZE, shared) for cid in clients})
-        elif how == "per-domain":
-            self.executor.run({cid: Instruction(DATA_STANDARDIZE, {}, {"own_statistics": True}) for cid in clients})
+        standardize_federation(self.context(first_round, setup=True), how, self.federation.client_ids)
 
     def run_round(self, rnd: int, evaluate: bool) -> dict:
         started = time.perf_counter()
-        sent, received = self.executor.bytes_sent, self.executor.bytes_received
-        self.executor.current_round = rnd
-        if rnd == 1:
-            self.standardize_clients()
+        sent, received = self._bytes_mark or (self.executor.bytes_sent, self.executor.bytes_received)
+        self._bytes_mark = None
+        ctx = self.context(rnd)
         with torch_threads(SERVER_THREADS):  # clients set their own thread count inside the executor
-            self.state, metrics = self.method.run_round(rnd, self.state, self.executor)
+            self.state, metrics = self.method.run_round(ctx, self.state)
             metrics = {"round": rnd, **metrics}
             if evaluate:
-                replies = self.executor.run(self.method.configure_evaluate(rnd, self.state))
-                metrics.update(self.method.summarize_evaluation(rnd, replies))
+                metrics.update(self.method.evaluate_round(ctx, self.state))
                 metrics["evaluated"] = True
-        restarts = getattr(self.executor, "restarts", 0)
+        if not self._placement_recorded:
+            metrics.update(self.executor.placement())
+            self._placement_recorded = True
+        restarts = self.executor.restarts
         if restarts != self._restarts_seen:
             metrics["actor_restarts"], self._restarts_seen = restarts - self._restarts_seen, restarts
         failures = self.executor.take_failure_events()
@@ -108,10 +122,10 @@ class Server:
         return {"method_state": self.state, "bytes": (self.executor.bytes_sent, self.executor.bytes_received)}
 
     def restore_state(self, saved: dict) -> None:
-        """Continue from a checkpoint: redo the (deterministic) data standardization, then restore."""
-        self.standardize_clients()
+        """Continue from a checkpoint (after :meth:`setup` has redone the deterministic standardization)."""
         self.state = saved["method_state"]
         self.executor.bytes_sent, self.executor.bytes_received = saved["bytes"]
+        self._bytes_mark = None
 
     def export_client_states(self) -> dict:
         return self.executor.export_client_states()

@@ -34,11 +34,10 @@ def default_callbacks(config: ExperimentConfig, out_dir: Optional[Path]) -> list
 
 
 class Simulator:
-    """Drives ``server.run_round`` for the configured rounds.
+    """Drives ``server.setup`` and ``server.run_round`` for the configured rounds.
 
-    ``server`` is a :class:`fedsim.runtime.server.Server` or anything with the
-    same ``run_round(round, evaluate)`` / ``global_tensors()`` / ``close()``
-    methods (the Ray backend passes a proxy to its ServerActor).
+    ``server`` is a :class:`fedsim.runtime.server.ServerHandle`: a Server in this
+    process, or the Ray backend's forwarding proxy to a Server in an actor.
     """
 
     def __init__(
@@ -58,9 +57,10 @@ class Simulator:
 
     def run(self) -> dict:
         started = time.perf_counter()
-        first_round = 1
+        first_round = 1 if self.resume is None else self.resume["round"] + 1
+        self.server.setup(first_round)  # setup stages (data standardization), redone identically on resume
         if self.resume is not None:
-            first_round = self._restore(self.resume)
+            self._restore(self.resume)
         if self.out_dir is not None:
             self.out_dir.mkdir(parents=True, exist_ok=True)
             atomic_write_text(self.out_dir / "config.yaml", dump_yaml(self.config))
@@ -98,7 +98,7 @@ class Simulator:
             },
         )
 
-    def _restore(self, payload: dict) -> int:
+    def _restore(self, payload: dict) -> None:
         self.server.restore_state(payload["server"])
         self.server.import_client_states(payload["clients"])
         self.history = list(payload["history"])
@@ -106,7 +106,6 @@ class Simulator:
             callback.load_state_dict(saved)
         restore_rng_states(payload["rng"])
         log.info("resuming after round %d", payload["round"])
-        return payload["round"] + 1
 
     def summary(self, wall_seconds: float) -> dict:
         last_evaluated = next(m for m in reversed(self.history) if m.get("evaluated"))

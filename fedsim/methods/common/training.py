@@ -1,13 +1,16 @@
-"""Shared local-training pieces: weights <-> numpy, SGD epochs, evaluation, weighted means."""
+"""The one local-training loop and its pieces: weights <-> numpy, the optimizer, mini-batches, evaluation, weighted means."""
 from __future__ import annotations
 
-from typing import Callable, Iterable, Mapping, Optional
+from typing import Callable, Iterable, Iterator, Mapping, Optional
 
 import numpy as np
 import torch
 from torch import nn
 
 from fedsim.data.base import ArraySplit
+
+#: rows per forward pass when a whole split is encoded or evaluated without gradients (bounds memory)
+CHUNK = 512
 
 
 def model_to_numpy(model: nn.Module) -> dict[str, np.ndarray]:
@@ -35,10 +38,31 @@ def weighted_average(tensor_sets: Iterable[Mapping[str, np.ndarray]], weights: I
     return out
 
 
-def make_optimizer(model: nn.Module, method_config) -> torch.optim.Optimizer:
+def make_optimizer(model_or_params, method_config, lr: Optional[float] = None) -> torch.optim.Optimizer:
+    """SGD with the method section's momentum and weight decay (``lr`` overrides ``method.lr``)."""
+    params = model_or_params.parameters() if isinstance(model_or_params, nn.Module) else model_or_params
     return torch.optim.SGD(
-        model.parameters(), lr=method_config.lr, momentum=method_config.momentum, weight_decay=method_config.weight_decay
+        params, lr=method_config.lr if lr is None else lr, momentum=method_config.momentum, weight_decay=method_config.weight_decay
     )
+
+
+def minibatches(count: int, batch_size: int, generator: torch.Generator) -> Iterator[torch.Tensor]:
+    """Index batches of one shuffled epoch over ``count`` samples; a final batch of one is skipped (batch norm
+    needs two samples) unless the whole set is one sample."""
+    order = torch.randperm(count, generator=generator)
+    for start in range(0, count, batch_size):
+        idx = order[start : start + batch_size]
+        if len(idx) < 2 and count >= 2:
+            continue
+        yield idx
+
+
+def classification_loss(model: nn.Module, xb: torch.Tensor, yb: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy of the model's logits: the default local objective."""
+    return nn.functional.cross_entropy(model(xb), yb)
+
+
+StepLoss = Callable[[nn.Module, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 def train_epochs(
@@ -49,29 +73,27 @@ def train_epochs(
     optimizer: torch.optim.Optimizer,
     seed: int,
     device: torch.device,
-    extra_loss: Optional[Callable[[nn.Module], torch.Tensor]] = None,
+    step_loss: Optional[StepLoss] = None,
 ) -> float:
-    """Mini-batch SGD on (x, y) for ``epochs``; returns the mean training loss of the last epoch."""
+    """Mini-batch training on (x, y) for ``epochs``; returns the mean training loss of the last epoch.
+
+    ``step_loss(model, xb, yb)`` is the loss of one batch (default: cross-entropy); FedProx, the alignment
+    methods, FADA and FedBN pass their own objective and share the loop.
+    """
     if split.y is None:
         raise ValueError("train_epochs needs labels: the target client's training inputs are unlabeled")
+    step_loss = step_loss or classification_loss
     model.train()
     x = torch.from_numpy(split.x)
     y = torch.from_numpy(split.y)
     generator = torch.Generator().manual_seed(seed)
-    loss_fn = nn.CrossEntropyLoss()
     last = 0.0
     for _ in range(epochs):
-        order = torch.randperm(len(x), generator=generator)
         total, count = 0.0, 0
-        for start in range(0, len(x), batch_size):
-            idx = order[start : start + batch_size]
-            if len(idx) < 2 and len(x) >= 2:
-                continue  # batch norm needs two samples
+        for idx in minibatches(len(x), batch_size, generator):
             xb, yb = x[idx].to(device), y[idx].to(device)
             optimizer.zero_grad(set_to_none=True)
-            loss = loss_fn(model(xb), yb)
-            if extra_loss is not None:
-                loss = loss + extra_loss(model)
+            loss = step_loss(model, xb, yb)
             loss.backward()
             optimizer.step()
             total += float(loss.detach()) * len(idx)
@@ -80,8 +102,13 @@ def train_epochs(
     return last
 
 
+def encode_in_chunks(encode: Callable[[torch.Tensor], torch.Tensor], x: np.ndarray, device: torch.device, chunk: int = CHUNK) -> torch.Tensor:
+    """``encode`` applied to ``x`` in chunks of ``chunk`` rows (bounded memory), concatenated on the CPU."""
+    return torch.cat([encode(torch.from_numpy(x[i : i + chunk]).to(device)).cpu() for i in range(0, len(x), chunk)])
+
+
 @torch.no_grad()
-def evaluate_model(model: nn.Module, split: ArraySplit, device: torch.device, batch_size: int = 512) -> dict[str, float]:
+def evaluate_model(model: nn.Module, split: ArraySplit, device: torch.device, batch_size: int = CHUNK) -> dict[str, float]:
     """Correct count, sample count and summed cross-entropy on a labeled split."""
     model.eval()
     x = torch.from_numpy(split.x)

@@ -1,0 +1,53 @@
+"""The global classifier of the FedAvg family: seeded initialization, one model per process, local training.
+
+FedAvg, FedProx, FedBN, the alignment methods, FedDaDiL's encoder stage and the centralized references all
+start from the same initialization (seeded by the run's seed alone, so every backend and every method
+gets the same initial weights) and train with :func:`fedsim.methods.common.training.train_epochs`.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import nn
+
+from fedsim.data.base import ArraySplit
+from fedsim.methods.common.training import StepLoss, evaluate_model, load_numpy, make_optimizer, model_to_numpy, train_epochs
+from fedsim.messages import Tensors
+from fedsim.models import build_model
+from fedsim.seeding import derive_seed
+
+
+class GlobalClassifier:
+    """Builds and trains the experiment's classifier; holds one model per process as a reusable cache."""
+
+    def __init__(self, config, federation, device: torch.device):
+        self.config = config
+        self.federation = federation
+        self.device = device
+        self._shared: Optional[nn.Module] = None
+
+    def build(self) -> nn.Module:
+        """A fresh model with the run's initial weights (seeds torch's global generator, as every client does)."""
+        torch.manual_seed(derive_seed(self.config.run.seed, "model-init"))
+        return build_model(self.config.model, self.federation.input_shape, self.federation.num_classes)
+
+    def initial_weights(self) -> dict:
+        return model_to_numpy(self.build())
+
+    def shared(self) -> nn.Module:
+        """One model per process, shared by every client hosted there: weights are reloaded before each use."""
+        if self._shared is None:
+            self._shared = self.build().to(self.device)
+        return self._shared
+
+    def train(self, model: nn.Module, weights: Tensors, split: ArraySplit, seed: int, step_loss: Optional[StepLoss] = None) -> float:
+        """Load ``weights``, run ``method.local_epochs`` epochs with a fresh SGD optimizer (McMahan et al., Alg. 1)."""
+        method = self.config.method
+        load_numpy(model, weights)
+        optimizer = make_optimizer(model, method)
+        return train_epochs(model, split, method.local_epochs, method.batch_size, optimizer, seed=seed, device=self.device, step_loss=step_loss)
+
+    def evaluate(self, model: nn.Module, weights: Tensors, split: ArraySplit) -> dict[str, float]:
+        load_numpy(model, weights)
+        return evaluate_model(model, split, self.device)
