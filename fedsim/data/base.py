@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Optional
+from typing import ClassVar, Optional
 
 import numpy as np
 
@@ -39,12 +39,20 @@ class Benchmark(ABC):
     """
 
     #: normalization used when ``data.normalization`` is "auto" (see fedsim.data.normalization)
-    default_normalization: str = "none"
+    default_normalization: ClassVar[str] = "none"
     #: target domain when ``data.target`` is "auto" (None: the user must name one)
-    default_target: Optional[str] = None
+    default_target: ClassVar[Optional[str]] = None
+    #: "classification" or "detection": a method runs only on benchmarks of its own task
+    task: ClassVar[str] = "classification"
+    #: detection benchmarks: the domain whose labeled data the FedOD server holds (None: no server domain)
+    server_domain: ClassVar[Optional[str]] = None
+    #: the name it is registered under (set by the registry)
+    registry_name: ClassVar[str] = ""
 
     def __init__(self, data_config):
         self.config = data_config
+        #: domains built in this process, by name: ``load`` fills it, :meth:`forget` empties it
+        self._loaded: dict[str, Domain] = {}
 
     @abstractmethod
     def domains(self) -> list[str]:
@@ -60,22 +68,27 @@ class Benchmark(ABC):
         A later ``load`` rebuilds the domain (from the disk cache where the
         benchmark has one). Benchmarks keep built domains in ``self._loaded``.
         """
-        loaded = getattr(self, "_loaded", None)
-        if loaded is not None:
-            if domain is None:
-                loaded.clear()
-            else:
-                loaded.pop(domain, None)
+        if domain is None:
+            self._loaded.clear()
+        else:
+            self._loaded.pop(domain, None)
+
+    @classmethod
+    def description(cls) -> str:
+        """One line for ``fedsim list``: the first line of the class docstring."""
+        return (cls.__doc__ or "").strip().splitlines()[0] if (cls.__doc__ or "").strip() else ""
 
     def describe(self) -> str:
-        """One line for ``fedsim list``."""
-        return (self.__doc__ or "").strip().splitlines()[0] if self.__doc__ else ""
+        return self.description()
 
 
 @dataclass(frozen=True)
 class ArraySplit:
     x: np.ndarray
     y: Optional[np.ndarray]  # None for the unlabeled target's training inputs
+    #: detection only: the (boxes x1 y1 x2 y2 in pixels, labels) of each image, in order; None for
+    #: classification and for the unlabeled target's training images
+    targets: Optional[tuple[tuple[np.ndarray, np.ndarray], ...]] = None
 
     def __len__(self) -> int:
         return len(self.x)

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from fedsim.data.base import ArraySplit, Benchmark, ClientData, Domain
+from fedsim.data.detection import DetectionDomain
 from fedsim.errors import UserError
 from fedsim.registry import BENCHMARKS, unknown_name_message
 from fedsim.seeding import numpy_rng
@@ -148,11 +149,15 @@ def load_client_data(data_config, federation: Federation, client_id: int) -> Cli
     train_parts, test_parts = _domain_partitions(data_config, info.domain)
     train_idx, test_idx = train_parts[client_id - first], test_parts[client_id - first]
     train_y = None if info.role == "target" else loaded.train_y[train_idx]
+    train_targets = test_targets = None
+    if isinstance(loaded, DetectionDomain):  # each image's boxes travel with the client's images, never reloaded
+        train_targets = None if train_y is None else tuple(loaded.train_annotations.per_image(train_y))
+        test_targets = tuple(loaded.test_annotations.per_image(loaded.test_y[test_idx]))
     return ClientData(
         client_id=client_id,
         domain=info.domain,
         role=info.role,
-        train=ArraySplit(loaded.train_x[train_idx], train_y),
-        test=ArraySplit(loaded.test_x[test_idx], loaded.test_y[test_idx]),
+        train=ArraySplit(loaded.train_x[train_idx], train_y, train_targets),
+        test=ArraySplit(loaded.test_x[test_idx], loaded.test_y[test_idx], test_targets),
         num_classes=federation.num_classes,
     )

@@ -7,13 +7,14 @@ Only Replies leave it: never inputs, labels, or private state.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 from typing import Any, Iterable
 
 import torch
 
 from fedsim.data import normalization
-from fedsim.data.base import ArraySplit, ClientData
+from fedsim.data.base import ClientData
 from fedsim.data.scenario import Federation, forget_domain_data, load_client_data
 from fedsim.messages import Instruction, Reply
 
@@ -88,9 +89,9 @@ class ClientHost:
             mean, std = normalization.mean_std(normalization.feature_stats(data.train.x))
         else:
             mean, std = instruction.tensors["mean"], instruction.tensors["std"]
-        train = ArraySplit(normalization.standardize(data.train.x, mean, std), data.train.y)
-        test = ArraySplit(normalization.standardize(data.test.x, mean, std), data.test.y)
-        self._data[client_id] = ClientData(data.client_id, data.domain, data.role, train, test, data.num_classes)
+        train = dataclasses.replace(data.train, x=normalization.standardize(data.train.x, mean, std))
+        test = dataclasses.replace(data.test, x=normalization.standardize(data.test.x, mean, std))
+        self._data[client_id] = dataclasses.replace(data, train=train, test=test)
         return Reply(client_id, {}, {}, num_examples=len(data.train))
 
     def export_states(self) -> dict[int, Any]:
