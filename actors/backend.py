@@ -96,3 +96,27 @@ def start_server(config, federation) -> RemoteServer:
     server.ready()
     log.info("ray backend: %d client actors for %d clients", count, len(federation.clients))
     return server
+
+
+def open_server(config, federation, num_cpus: int | None = None):
+    """The Ray backend for :func:`fedsim.api.run_experiment`: join or start a cluster, start the run's actors.
+
+    Returns the server handle and a function that kills the actors and shuts Ray down if this call started it.
+    """
+    from fedsim.data.scenario import forget_domain_data
+
+    started = connect(config.run.address, num_cpus=num_cpus)
+    forget_domain_data(config.data)  # the actors build their own data; the driver needs only the description
+    try:
+        server = start_server(config, federation)
+    except BaseException:
+        if started:
+            ray.shutdown()
+        raise
+
+    def close() -> None:
+        server.close()
+        if started:
+            ray.shutdown()
+
+    return server, close

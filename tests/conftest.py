@@ -49,11 +49,18 @@ class RecordingExecutor(LocalExecutor):
         self.calls: list[tuple[dict, dict]] = []
         self.call_rounds: list[int] = []
 
-    def _dispatch(self, instructions):
-        replies = super()._dispatch(instructions)
+    def _dispatch(self, instructions, rnd, replay):
+        replies = super()._dispatch(instructions, rnd, replay)
         self.calls.append((instructions, replies))
-        self.call_rounds.append(self.current_round)
+        self.call_rounds.append(rnd)
         return replies
+
+    def operations(self, skip_setup: bool = True) -> list[str]:
+        """The operation of each exchange, in order (setup exchanges of data standardization left out)."""
+        from fedsim.runtime.client_host import HOST_OPERATIONS
+
+        ops = [next(iter(ins.values())).operation for ins, _ in self.calls]
+        return [op for op in ops if not (skip_setup and op in HOST_OPERATIONS)]
 
     @property
     def log(self) -> list[tuple]:
@@ -87,7 +94,7 @@ def run_until(config, out_dir, stop_round: int) -> None:
             raise Stopped
         return original(rnd, evaluate)
 
-    simulator.server.run_round = run_round
+    simulator.server.run_round = run_round  # the Simulator still runs the setup stage first
     with pytest.raises(Stopped):
         simulator.run()
 

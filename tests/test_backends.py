@@ -30,12 +30,12 @@ def test_seed_changes_results(toy_overrides):
 
 
 def test_ray_backend_spreads_clients_over_actors(toy_overrides, ray_cluster):
-    from actors.backend import RayServerProxy
+    from actors.backend import start_server
     from fedsim.data.scenario import build_federation
 
     config = load_config(None, toy_overrides + ["resources.cpus_per_client=1"])
     federation = build_federation(config.data)
-    proxy = RayServerProxy(config, federation)
+    proxy = start_server(config, federation)
     try:
         assert len(proxy.client_actors) == 2  # 3 clients, 2 CPUs, 1 CPU each
         assert sorted(proxy.assignment) == federation.client_ids

@@ -77,3 +77,20 @@ def test_auto_target_is_the_benchmarks_default():
     assert load_config(None, ["data.benchmark=tep"]).data.target == "mode2"
     with pytest.raises(UserError, match="no default target"):
         load_config(None, ["data.benchmark=npz", "data.root=/tmp"])
+
+
+@pytest.mark.parametrize(
+    "old, new", [("run.inject_faults=1", "ray.inject_faults"), ("resources.max_restarts=2", "ray.max_restarts"),
+                 ("resources.call_timeout_s=5", "ray.call_timeout_s"), ("resources.max_actors=2", "ray.max_actors")],
+)
+def test_ray_settings_moved_to_their_own_section(old, new):
+    with pytest.raises(UserError, match=f"moved to '{new}'"):
+        load_config(None, [old])
+    key, value = old.split("=")
+    assert getattr(load_config(None, [f"{new}={value}"]).ray, new.split(".")[1]) == float(value)
+
+
+@pytest.mark.parametrize("method, benchmark, fits", [("fedod", "digits", "scenes"), ("fedavg", "scenes", "digits")])
+def test_a_method_on_a_benchmark_of_another_task_is_refused_naming_one_that_fits(method, benchmark, fits):
+    with pytest.raises(UserError, match=f"is for .* pick a .* benchmark .*{fits}"):
+        load_config(None, [f"method.name={method}", f"data.benchmark={benchmark}"])
