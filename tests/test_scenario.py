@@ -36,7 +36,7 @@ def _standardized_clients(overrides):
     federation = build_federation(config.data)
     executor = LocalExecutor(config, federation)
     server = Server(config, federation, executor)
-    server.standardize_clients()
+    server.setup(1)
     return federation, {cid: executor.host._client(cid) for cid in federation.client_ids}, executor
 
 
