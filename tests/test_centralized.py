@@ -2,22 +2,52 @@
 import pickle
 
 import numpy as np
+import torch
 
 from experiments.run import run_experiment
 from fedsim.config import load_config
+from fedsim.data.base import ArraySplit
 from fedsim.data.scenario import build_federation, load_client_data
+from fedsim.methods.base import Method
+from fedsim.methods.centralized import Centralized
+from fedsim.methods.common.classifier import GlobalClassifier
+from fedsim.methods.common.training import model_to_numpy
 from fedsim.runtime import LocalExecutor, Server
+from fedsim.runtime.client_host import torch_threads
+from fedsim.runtime.server import SERVER_THREADS
+from fedsim.seeding import derive_seed
 
 from conftest import RecordingExecutor, run_until
-
-
 
 
 def _server(overrides, executor_cls=LocalExecutor):
     config = load_config(None, overrides)
     federation = build_federation(config.data)
     executor = executor_cls(config, federation)
-    return config, federation, Server(config, federation, executor)
+    server = Server(config, federation, executor)
+    server.setup(1)
+    return config, federation, server
+
+
+def test_centralized_composes_the_classifier_instead_of_inheriting_fedavg(toy_overrides):
+    assert Centralized.__bases__ == (Method,) and Centralized.centralized is True
+    assert Centralized.operations == {"upload", "evaluate"}
+    assert len(Centralized.description()) > 10
+
+
+def test_server_trains_the_pool_with_the_fedavg_loop_and_its_own_seed(toy_overrides):
+    config, federation, server = _server(toy_overrides + ["method.name=centralized", "data.normalization=none"])
+    initial = {k: v.copy() for k, v in server.state["weights"].items()}
+    metrics = server.run_round(1, evaluate=False)
+    pool = server.state["pool"]
+    classifier = GlobalClassifier(config, federation, torch.device("cpu"))
+    model = classifier.build()
+    seed = derive_seed(config.run.seed, 1, -1, "centralized")
+    with torch_threads(SERVER_THREADS):  # as the server runs it
+        loss = classifier.train(model, initial, ArraySplit(pool["x"], pool["y"]), seed)
+    assert metrics["train_loss"] == loss and metrics["pool_size"] == len(pool["y"])
+    for name, value in model_to_numpy(model).items():
+        np.testing.assert_array_equal(server.state["weights"][name], value, err_msg=name)
 
 
 def test_only_sources_upload_and_only_once(toy_overrides):

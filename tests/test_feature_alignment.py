@@ -10,17 +10,18 @@ from fedsim.config import ModelConfig, load_config
 from fedsim.data.scenario import build_federation, load_client_data
 from fedsim.errors import UserError
 from fedsim.losses import DANNLoss, MMDLoss
-from fedsim.methods._feature_alignment import TARGET_FEATURES, FeatureAlignment, encode_subset
+from fedsim.methods.common.alignment import TARGET_FEATURES, AlignmentObjective, FeatureAlignment, encode_subset, steps_per_epoch
 from fedsim.methods.feddann import FedDANN
 from fedsim.methods.fedmmd import FedMMD
 from fedsim.models import build_model
 from fedsim.registry import METHODS
 from fedsim.runtime import LocalExecutor, Server
-from fedsim.seeding import numpy_rng
+from fedsim.runtime.context import RoundContext
+from fedsim.data.base import ArraySplit
+from fedsim.methods.common.training import train_epochs, weighted_average
+from fedsim.seeding import derive_seed, numpy_rng
 
 from conftest import RecordingExecutor
-
-
 
 
 def setup(toy_overrides, method_name, *extra):
@@ -30,12 +31,16 @@ def setup(toy_overrides, method_name, *extra):
     return config, federation, executor, METHODS.get(method_name)(config, federation)
 
 
+def target_features(config, federation, executor, state, rnd):
+    """Stage 1 of a round on its own: every target client's ``features`` reply."""
+    return RoundContext(executor, config.run.seed, rnd).call("features", state["weights"], federation.target_ids)
+
+
 def test_target_replies_to_features_with_encoded_features_only(toy_overrides):
     config, federation, executor, method = setup(toy_overrides, "feddann", "method.target_batch=20")
     state = method.init_server()
-    instructions = method.configure_features(1, state)
-    assert sorted(instructions) == federation.target_ids
-    replies = executor.run(instructions)
+    replies = target_features(config, federation, executor, state, 1)
+    assert sorted(replies) == federation.target_ids
     for cid, reply in replies.items():
         data = load_client_data(config.data, federation, cid)
         assert data.train.y is None
@@ -45,13 +50,13 @@ def test_target_replies_to_features_with_encoded_features_only(toy_overrides):
         for raw in (data.train.x, data.test.x):
             assert features.shape[1:] != raw.shape[1:] and not np.isin(features, raw).any()
     # seeded: the same round gives the same subset, another round another one; all rows when target_batch is large
-    again = executor.run(method.configure_features(1, state))
-    other = executor.run(method.configure_features(2, state))
+    again = target_features(config, federation, executor, state, 1)
+    other = target_features(config, federation, executor, state, 2)
     cid = federation.target_ids[0]
     assert np.array_equal(again[cid].tensors["features"], replies[cid].tensors["features"])
     assert not np.array_equal(other[cid].tensors["features"], replies[cid].tensors["features"])
-    _, _, executor, method = setup(toy_overrides, "feddann", "method.target_batch=100000")
-    everything = executor.run(method.configure_features(1, method.init_server()))[cid].tensors["features"]
+    config, _, executor, method = setup(toy_overrides, "feddann", "method.target_batch=100000")
+    everything = target_features(config, federation, executor, method.init_server(), 1)[cid].tensors["features"]
     assert len(everything) == federation.info(cid).num_train
 
 
@@ -72,10 +77,42 @@ def test_encode_subset_uses_eval_mode_and_leaves_batch_norm_statistics_alone():
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
 
 
+def test_encode_subset_with_batch_statistics_normalizes_each_chunk_by_itself():
+    torch.manual_seed(0)
+    model = build_model(ModelConfig(name="cnn", hidden=16), (3, 8, 8), 4)
+    x = np.random.default_rng(1).normal(size=(30, 3, 8, 8)).astype(np.float32)
+    features = encode_subset(model, x, 10, seed=5, device=torch.device("cpu"), chunk=4, batch_statistics=True)
+    index = np.sort(numpy_rng(5).choice(30, 10, replace=False))
+    model.train()
+    with torch.no_grad():
+        expected = torch.cat([model.features(torch.from_numpy(x[index[i : i + 4]])) for i in (0, 4, 8)]).numpy()
+    assert features.shape == (10, 16) and features.dtype == np.float32
+    np.testing.assert_array_equal(features, expected)
+
+
+def test_lambda_ramp_counts_every_batch_of_an_epoch_including_a_skipped_one():
+    assert steps_per_epoch(33, 16) == (3, 2)  # the final batch of one is skipped but still a step of the ramp
+    assert steps_per_epoch(32, 16) == (2, 2) and steps_per_epoch(1, 16) == (1, 1)
+    torch.manual_seed(0)
+    model = build_model(ModelConfig(name="mlp", hidden=8), (4,), 3)
+    x = np.random.default_rng(0).normal(size=(33, 4)).astype(np.float32)
+    split = ArraySplit(x, (np.arange(33) % 3).astype(np.int64))
+    steps = []
+    objective = AlignmentObjective(
+        MMDLoss(), torch.randn(20, 8), torch.Generator().manual_seed(1), lambda step: steps.append(step) or 0.5, *steps_per_epoch(33, 16)
+    )
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    train_epochs(model, split, 2, 16, optimizer, seed=3, device=torch.device("cpu"), step_loss=objective)
+    assert steps == [1, 2, 4, 5]
+    metrics = objective.metrics()  # means over the 32 trained samples of the last epoch
+    assert set(metrics) == {"train_loss", "domain_loss"} and objective.count == 32
+    assert all(math.isfinite(v) for v in metrics.values())
+
+
 def test_sources_get_one_shared_payload_with_the_target_features(toy_overrides):
     config, federation, executor, method = setup(toy_overrides, "fedmmd", "method.target_batch=32")
     state = method.init_server()
-    new_state, metrics = method.run_round(1, state, executor)
+    new_state, metrics = method.run_round(RoundContext(executor, config.run.seed, 1), state)
     (feature_instructions, feature_replies), (fit_instructions, fit_replies) = executor.calls
     assert {ins.operation for ins in feature_instructions.values()} == {"features"}
     assert sorted(feature_instructions) == federation.target_ids
@@ -93,14 +130,23 @@ def test_sources_get_one_shared_payload_with_the_target_features(toy_overrides):
         assert {"train_loss", "domain_loss"} <= set(reply.metrics)
     assert metrics["target_features"] == len(sent)
     assert set(metrics["domain_loss"]) == {str(c) for c in federation.source_ids}
+    # each stage's seeds are the round's seeds of its own operation; the server averages like FedAvg
+    for cid, ins in {**feature_instructions, **fit_instructions}.items():
+        assert ins.config == {"seed": derive_seed(config.run.seed, 1, cid, ins.operation), "round": 1}
+    expected = weighted_average([r.tensors for r in fit_replies.values()], [r.num_examples for r in fit_replies.values()])
+    assert set(new_state["weights"]) == set(expected)
+    for name, value in expected.items():
+        np.testing.assert_array_equal(new_state["weights"][name], value)
+    assert metrics["train_loss"] == {str(cid): r.metrics["train_loss"] for cid, r in fit_replies.items()}
 
 
 def test_feddann_and_fedmmd_differ_only_by_the_loss_object(toy_overrides):
     allowed = {"__module__", "__qualname__", "__doc__", "__firstlineno__", "__static_attributes__", "registry_name", "Params", "make_domain_loss"}
+    allowed.add("operations")  # computed for every subclass by Method.__init_subclass__
     for cls in (FedDANN, FedMMD):
         assert cls.__bases__ == (FeatureAlignment,)
         assert set(vars(cls)) <= allowed, f"{cls.__name__} overrides more than the loss: {set(vars(cls)) - allowed}"
-        assert "features" in cls.operations
+        assert cls.operations == {"features", "fit", "evaluate"}
     _, _, _, dann = setup(toy_overrides, "feddann")
     _, _, _, mmd = setup(toy_overrides, "fedmmd")
     assert isinstance(dann.make_domain_loss(16), DANNLoss)
@@ -114,6 +160,7 @@ def test_zero_domain_weight_reduces_to_fedavg(method_name, toy_overrides):
         config = load_config(None, toy_overrides + [f"method.name={name}", *extra])
         federation = build_federation(config.data)
         server = Server(config, federation, LocalExecutor(config, federation))
+        server.setup(1)
         server.run_round(1, evaluate=False)
         weights[name] = server.global_tensors()
     for key, value in weights["fedavg"].items():
@@ -123,6 +170,7 @@ def test_zero_domain_weight_reduces_to_fedavg(method_name, toy_overrides):
 def test_discriminator_stays_private_and_persists_across_rounds(toy_overrides):
     config, federation, executor, _ = setup(toy_overrides, "feddann")
     server = Server(config, federation, executor)
+    server.setup(1)
     source = federation.source_ids[0]
     server.run_round(1, evaluate=False)
     loss = executor.host.private_state(source)["domain_loss"]
@@ -134,7 +182,8 @@ def test_discriminator_stays_private_and_persists_across_rounds(toy_overrides):
     assert "domain_loss" not in executor.host.private_state(target)
     with pytest.raises(ValueError, match="labels"):  # the target has no labels to fit on
         data = load_client_data(config.data, federation, target)
-        server.method.fit(next(iter(executor.calls[1][0].values())), executor.host.private_state(target), data)
+        fit = next(ins for instructions, _ in executor.calls for ins in instructions.values() if ins.operation == "fit")
+        server.method.fit(fit, executor.host.private_state(target), data)
 
 
 def test_smoke_domain_loss_finite_and_discriminator_accuracy_reported(toy_overrides, tmp_path):

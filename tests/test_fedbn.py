@@ -9,7 +9,8 @@ from fedsim.config import load_config
 from fedsim.data.scenario import build_federation, load_client_data
 from fedsim.errors import UserError
 from fedsim.messages import Instruction
-from fedsim.methods.fedbn import bn_keys
+from fedsim.methods.base import SingleExchange
+from fedsim.methods.fedbn import FedBN, bn_keys, initial_bn
 from fedsim.methods.common.training import load_numpy, weighted_average
 from fedsim.runtime import Server
 
@@ -35,13 +36,18 @@ def image_overrides(tmp_path_factory):
     ]
 
 
-
-
 def start(overrides):
     config = load_config(None, overrides)
     federation = build_federation(config.data)
     executor = RecordingExecutor(config, federation)
-    return config, federation, executor, Server(config, federation, executor)
+    server = Server(config, federation, executor)
+    server.setup(1)
+    return config, federation, executor, server
+
+
+def build(server):
+    """A freshly built model with the run's initial weights."""
+    return server.method.fedavg.classifier.build()
 
 
 def private_bn(executor, cid):
@@ -50,7 +56,7 @@ def private_bn(executor, cid):
 
 def test_bn_stays_private_and_server_averages_the_rest(image_overrides):
     config, federation, executor, server = start(image_overrides)
-    keys = bn_keys(server.method.build_model())
+    keys = bn_keys(build(server))
     assert "encoder.1.running_mean" in keys and "encoder.5.weight" in keys
     server.run_round(1, evaluate=True)
     after_one = {cid: private_bn(executor, cid) for cid in federation.source_ids}
@@ -61,7 +67,7 @@ def test_bn_stays_private_and_server_averages_the_rest(image_overrides):
     fits = [r for rnd, _, op, r in executor.log if rnd == 2 and op == "fit"]
     assert sorted(r.client_id for r in fits) == federation.source_ids
     expected = weighted_average([r.tensors for r in fits], [r.num_examples for r in fits])
-    assert set(server.state["weights"]) == set(server.method.build_model().state_dict()) - keys == set(expected)
+    assert set(server.state["weights"]) == set(build(server).state_dict()) - keys == set(expected)
     for name, value in expected.items():
         np.testing.assert_array_equal(server.state["weights"][name], value)
 
@@ -90,8 +96,8 @@ def test_target_reestimates_bn_from_unlabeled_inputs(image_overrides):
         model = state["model"]
         first_bn = model.state_dict()["encoder.1.running_mean"].numpy()
         if target_bn == "adabn":  # one batch: the exact channel mean of the first conv on the target's train inputs
-            probe = server.method.build_model()
-            load_numpy(probe, {**server.state["weights"], **method._initial_bn})
+            probe = build(server)
+            load_numpy(probe, {**server.state["weights"], **initial_bn(probe)})
             with torch.no_grad():
                 conv = probe.encoder[0](torch.from_numpy(data.train.x))
             np.testing.assert_allclose(first_bn, conv.mean(dim=(0, 2, 3)).numpy(), rtol=1e-4, atol=1e-5)
@@ -99,6 +105,28 @@ def test_target_reestimates_bn_from_unlabeled_inputs(image_overrides):
             np.testing.assert_array_equal(first_bn, np.zeros_like(first_bn))
     assert results["adabn"]["total"] == results["none"]["total"] > 0
     assert results["adabn"]["loss_sum"] != results["none"]["loss_sum"]
+
+
+def test_initial_bn_is_what_a_fresh_model_holds_and_nothing_is_stashed_on_the_method(image_overrides):
+    config, federation, executor, server = start(image_overrides)
+    fresh = build(server)
+    expected = {k: v.numpy() for k, v in fresh.state_dict().items() if k in bn_keys(fresh)}
+    trained = build(server)
+    with torch.no_grad():  # move every BN tensor away from its initial value
+        trained.train()
+        trained(torch.randn(8, 1, 8, 8) * 3 + 2)
+        for module in trained.modules():
+            if isinstance(module, torch.nn.BatchNorm2d):
+                module.weight.add_(0.5)
+    computed = initial_bn(trained)
+    assert computed.keys() == expected.keys()
+    for name, value in expected.items():
+        assert computed[name].dtype == value.dtype
+        np.testing.assert_array_equal(computed[name], value, err_msg=name)
+    assert FedBN.__bases__ == (SingleExchange,) and FedBN.operations == {"fit", "evaluate"}
+    server.run_round(1, evaluate=True)
+    for method in (server.method, executor.host.method):  # per-client state lives in the client state only
+        assert set(vars(method)) == {"config", "federation", "params", "device", "fedavg"}
 
 
 def test_same_seed_gives_identical_runs(image_overrides):

@@ -18,8 +18,9 @@ only evaluates the broadcast weights, as in FedAvg.
 
 Every round the server runs ``method.local_epochs`` epochs of mini-batch SGD
 over the pool (``method.batch_size``, a fresh optimizer per round as in
-FedAvg), on its own device. ``run.clients_per_round`` does not apply: the pool
-always holds every source client.
+FedAvg), on its own device, with FedAvg's model and training loop (a
+:class:`~fedsim.methods.common.classifier.GlobalClassifier`). ``run.clients_per_round``
+does not apply: the pool always holds every source client.
 """
 from __future__ import annotations
 
@@ -30,22 +31,31 @@ import torch
 
 from fedsim.data.base import ArraySplit, ClientData
 from fedsim.messages import Instruction, Reply
-from fedsim.methods.base import ServerState
-from fedsim.methods.fedavg import FedAvg
-from fedsim.methods.common.training import load_numpy, make_optimizer, model_to_numpy, train_epochs
+from fedsim.methods.base import Method, ServerState, client_operation
+from fedsim.methods.common.classifier import GlobalClassifier
+from fedsim.methods.common.training import model_to_numpy
 from fedsim.registry import METHODS
 
 
 @METHODS.register("centralized")
-class Centralized(FedAvg):
+class Centralized(Method):
+    """Centralized source-only reference: one model trained on the pooled source data, which FedAvg approximates."""
+
     centralized = True  # replies carry client data on purpose: the contract tests know this
-    operations = ("upload", "evaluate")
+
+    def __init__(self, config, federation, device: str = "cpu"):
+        super().__init__(config, federation, device)
+        self.classifier = GlobalClassifier(config, federation, self.device)  # the clients' evaluation model
+        self.pooled = GlobalClassifier(config, federation, self.device)  # the server's model, trained on the pool
 
     # ---- server half ------------------------------------------------------
-    def gather_pool(self, rnd: int, executor) -> dict[str, np.ndarray]:
+    def init_server(self) -> ServerState:
+        return {"weights": self.classifier.initial_weights()}
+
+    def gather_pool(self, ctx) -> dict[str, np.ndarray]:
         """Round 1: each source client sends its training split; concatenated in client-id order."""
         sources = sorted(self.federation.source_ids)
-        replies = executor.run({cid: Instruction("upload", {}, {"round": rnd}) for cid in sources})
+        replies = ctx.call("upload", None, sources)
         missing = [cid for cid in sources if cid not in replies]
         if missing:
             raise RuntimeError(f"centralized: source clients {missing} did not upload their data")
@@ -53,41 +63,30 @@ class Centralized(FedAvg):
         y = np.concatenate([np.asarray(replies[cid].tensors["y"]) for cid in sources])
         return {"x": x, "y": y}
 
-    def server_model(self):
-        """The server's model, built once per process (weights are reloaded from the state every round)."""
-        if getattr(self, "_server_model", None) is None:
-            with torch.random.fork_rng(devices=[]):  # build_model seeds torch: leave the global RNG as it was
-                self._server_model = self.build_model().to(self.device)
-        return self._server_model
-
-    def run_round(self, rnd: int, state: ServerState, executor) -> tuple[ServerState, dict]:
+    def run_round(self, ctx, state: ServerState) -> tuple[ServerState, dict]:
+        """Gather the pool once, then ``method.local_epochs`` epochs of SGD on it (a fresh optimizer per round)."""
         if "pool" not in state:
-            state = {**state, "pool": self.gather_pool(rnd, executor)}
+            state = {**state, "pool": self.gather_pool(ctx)}
         pool = state["pool"]
-        model = self.server_model()
-        load_numpy(model, state["weights"])
-        optimizer = make_optimizer(model, self.config.method)  # fresh each round, as FedAvg's clients do
-        loss = train_epochs(
-            model,
-            ArraySplit(pool["x"], pool["y"]),
-            self.config.method.local_epochs,
-            self.config.method.batch_size,
-            optimizer,
-            seed=self.client_seed(rnd, -1, "centralized"),
-            device=self.device,
-        )
+        with torch.random.fork_rng(devices=[]):  # building the model seeds torch: leave the global RNG as it was
+            model = self.pooled.shared()
+        loss = self.pooled.train(model, state["weights"], ArraySplit(pool["x"], pool["y"]), seed=ctx.seed(-1, "centralized"))
         return {**state, "weights": model_to_numpy(model)}, {"train_loss": loss, "pool_size": int(len(pool["y"]))}
 
-    def configure_round(self, rnd: int, state: ServerState) -> dict[int, Instruction]:
-        raise NotImplementedError("centralized trains on the server: see run_round")
-
-    def aggregate(self, rnd: int, state: ServerState, replies) -> tuple[ServerState, dict]:
-        raise NotImplementedError("centralized trains on the server: see run_round")
-
     # ---- client half ------------------------------------------------------
+    def init_client(self, data: ClientData) -> Any:
+        return {"model": self.classifier.shared()}  # "model" is transient (see Method.transient_state_keys)
+
+    @client_operation
     def upload(self, instruction: Instruction, state: Any, data: ClientData) -> tuple[Reply, Any]:
         """Send the (standardized) training inputs and labels to the server: the centralized setting."""
         if data.train.y is None:
             raise ValueError(f"client {data.client_id} is unlabeled (the target): it never uploads")
         tensors = {"x": np.asarray(data.train.x), "y": np.asarray(data.train.y)}
         return Reply(data.client_id, tensors, {}, num_examples=len(data.train)), state
+
+    @client_operation
+    def evaluate(self, instruction: Instruction, state: Any, data: ClientData) -> tuple[Reply, Any]:
+        """Every client (the target included) tests the broadcast weights, as in FedAvg."""
+        metrics = self.classifier.evaluate(state["model"], instruction.tensors, data.test)
+        return Reply(data.client_id, {}, metrics, num_examples=len(data.test)), state

@@ -15,9 +15,14 @@ unlabeled training inputs (AdaBN, Li et al. 2016: one deterministic forward pass
 in train mode, cumulative averages, no gradients, no labels); ``none`` keeps the
 initial running statistics (an ablation). A model without batch norm makes
 FedBN equal to FedAvg.
+
+The FedAvg half (initialization, client sampling, local training, weighted mean)
+is a :class:`~fedsim.methods.fedavg.FedAvg` object; this file adds the split of
+every model into shared and private (BN) tensors around it.
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 import logging
 from dataclasses import dataclass
@@ -29,10 +34,10 @@ from torch import nn
 
 from fedsim.data.base import ClientData
 from fedsim.errors import UserError
-from fedsim.messages import Instruction, Reply
-from fedsim.methods.base import ServerState
+from fedsim.messages import Instruction, Reply, Tensors
+from fedsim.methods.base import Exchange, Replies, ServerState, SingleExchange, client_operation
+from fedsim.methods.common.training import CHUNK, evaluate_model, load_numpy, model_to_numpy
 from fedsim.methods.fedavg import FedAvg
-from fedsim.methods.common.training import evaluate_model, load_numpy, model_to_numpy
 from fedsim.registry import METHODS
 
 log = logging.getLogger(__name__)
@@ -40,20 +45,36 @@ log = logging.getLogger(__name__)
 TARGET_BN = ("adabn", "none")
 
 
+def bn_layers(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """(name, module) of every batch-norm layer."""
+    return [(name, m) for name, m in model.named_modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+
+
 def bn_keys(model: nn.Module) -> frozenset[str]:
     """State-dict keys of every batch-norm layer (weight, bias, running statistics, batch counter)."""
-    return frozenset(
-        f"{name}.{key}" if name else key
-        for name, module in model.named_modules()
-        if isinstance(module, nn.modules.batchnorm._BatchNorm)
-        for key in module.state_dict()
-    )
+    return frozenset(f"{name}.{key}" if name else key for name, module in bn_layers(model) for key in module.state_dict())
+
+
+def initial_bn(model: nn.Module) -> dict[str, np.ndarray]:
+    """The BN tensors of the global initialization (gamma=1, beta=0, mean 0, variance 1, no batch seen):
+    what a freshly built model holds, computed from copies of ``model``'s layers (no random draw)."""
+    out = {}
+    for name, module in bn_layers(model):
+        fresh = copy.deepcopy(module)
+        fresh.reset_parameters()
+        out.update({f"{name}.{key}" if name else key: t.detach().cpu().numpy().copy() for key, t in fresh.state_dict().items()})
+    return out
+
+
+def split(tensors: Tensors, keys: frozenset[str]) -> tuple[dict, dict]:
+    """(shared non-BN tensors, private BN tensors)."""
+    return {k: v for k, v in tensors.items() if k not in keys}, {k: v for k, v in tensors.items() if k in keys}
 
 
 @torch.no_grad()
-def reestimate_bn(model: nn.Module, x: np.ndarray, device: torch.device, batch_size: int = 512) -> None:
+def reestimate_bn(model: nn.Module, x: np.ndarray, device: torch.device, batch_size: int = CHUNK) -> None:
     """AdaBN: replace every BN layer's running statistics by cumulative averages over ``x`` (fixed order)."""
-    layers = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+    layers = [m for _, m in bn_layers(model)]
     momenta = [m.momentum for m in layers]
     for m in layers:
         m.reset_running_stats()
@@ -71,8 +92,8 @@ def reestimate_bn(model: nn.Module, x: np.ndarray, device: torch.device, batch_s
 
 
 @METHODS.register("fedbn")
-class FedBN(FedAvg):
-    """FedBN: batch-norm layers stay with each source client; the target re-estimates its statistics."""
+class FedBN(SingleExchange):
+    """FedBN (Li et al. 2021): batch-norm layers stay with each source client; the target re-estimates its statistics."""
 
     @dataclass(frozen=True)
     class Params:
@@ -82,43 +103,45 @@ class FedBN(FedAvg):
             if self.target_bn not in TARGET_BN:
                 raise UserError(f"method.target_bn must be one of {', '.join(TARGET_BN)}, got {self.target_bn!r}")
 
-    def split(self, tensors: dict, keys: frozenset[str]) -> tuple[dict, dict]:
-        """(shared non-BN tensors, private BN tensors)."""
-        shared = {k: v for k, v in tensors.items() if k not in keys}
-        return shared, {k: v for k, v in tensors.items() if k in keys}
+    def __init__(self, config, federation, device: str = "cpu"):
+        super().__init__(config, federation, device)
+        self.fedavg = FedAvg(config, federation, device)
 
     # ---- server half ------------------------------------------------------
     def init_server(self) -> ServerState:
-        model = self.build_model()
+        model = self.fedavg.classifier.build()
         keys = bn_keys(model)
         if not keys:
             log.warning("fedbn: model %r has no batch-norm layer, so FedBN equals FedAvg", self.config.model.name)
-        return {"weights": self.split(model_to_numpy(model), keys)[0]}
+        return {"weights": split(model_to_numpy(model), keys)[0]}
+
+    def configure(self, ctx, state: ServerState) -> Exchange:
+        return self.fedavg.configure(ctx, state)  # the non-BN weights to the sampled sources
+
+    def aggregate(self, ctx, state: ServerState, replies: Replies) -> tuple[ServerState, dict]:
+        return self.fedavg.aggregate(ctx, state, replies)  # weighted mean of the non-BN weights
 
     # ---- client half ------------------------------------------------------
-    def shared_model(self):
-        if getattr(self, "_shared_model", None) is None:
-            model = super().shared_model()
-            self._bn_keys = bn_keys(model)
-            self._initial_bn = self.split(model_to_numpy(model), self._bn_keys)[1]  # before any client loads into it
-        return self._shared_model
-
     def init_client(self, data: ClientData) -> Any:
         # "bn" (not transient): this client's BN tensors as numpy; None until its first fit (initial BN)
-        return {**super().init_client(data), "bn": None}
+        return {**self.fedavg.init_client(data), "bn": None}
 
     def own_bn(self, state: dict) -> dict:
-        return state["bn"] if state.get("bn") is not None else self._initial_bn
+        return state["bn"] if state["bn"] is not None else initial_bn(state["model"])
 
+    @client_operation
     def fit(self, instruction: Instruction, state: Any, data: ClientData) -> tuple[Reply, Any]:
+        """FedAvg's local epochs from the global non-BN weights and the client's own BN; only non-BN tensors go back."""
         full = dataclasses.replace(instruction, tensors={**instruction.tensors, **self.own_bn(state)})
-        reply, state = super().fit(full, state, data)
-        shared, state["bn"] = self.split(reply.tensors, self._bn_keys)
+        reply, state = self.fedavg.fit(full, state, data)
+        shared, state["bn"] = split(reply.tensors, bn_keys(state["model"]))
         return dataclasses.replace(reply, tensors=shared), state
 
+    @client_operation
     def evaluate(self, instruction: Instruction, state: Any, data: ClientData) -> tuple[Reply, Any]:
+        """The global weights with the client's own BN; the target re-estimates BN statistics (AdaBN) first."""
         model = state["model"]
         load_numpy(model, {**instruction.tensors, **self.own_bn(state)})
-        if data.is_target and self.params.target_bn == "adabn" and self._bn_keys:
+        if data.is_target and self.params.target_bn == "adabn" and bn_keys(model):
             reestimate_bn(model, data.train.x, self.device)  # inputs only: the target's train.y is None
         return Reply(data.client_id, {}, evaluate_model(model, data.test, self.device), num_examples=len(data.test)), state

@@ -3,7 +3,7 @@
 Each source client trains a private domain discriminator through gradient
 reversal (Eq. 9-10) against encoded target features sent by the target client;
 the model weights are averaged as in FedAvg. The exchange and the local loop
-are :class:`fedsim.methods._feature_alignment.FeatureAlignment`'s; only the
+are :class:`fedsim.methods.common.alignment.FeatureAlignment`'s; only the
 loss object differs from FedMMD.
 """
 from __future__ import annotations
@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from fedsim.errors import UserError
 from fedsim.losses import DANNLoss, DomainLoss
-from fedsim.methods._feature_alignment import AlignmentParams, FeatureAlignment
+from fedsim.methods.common.alignment import AlignmentParams, FeatureAlignment
 from fedsim.registry import METHODS
 
 

@@ -3,7 +3,7 @@
 Each source client adds lambda * MK-MMD^2 between its encoded batch and a batch
 of encoded target features sent by the target client; the model weights are
 averaged as in FedAvg. The exchange and the local loop are
-:class:`fedsim.methods._feature_alignment.FeatureAlignment`'s; only the loss
+:class:`fedsim.methods.common.alignment.FeatureAlignment`'s; only the loss
 object differs from FedDANN.
 """
 from __future__ import annotations
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from fedsim.errors import UserError
 from fedsim.losses import DomainLoss, MMDLoss
 from fedsim.losses.mmd import DEFAULT_MULTIPLIERS
-from fedsim.methods._feature_alignment import AlignmentParams, FeatureAlignment
+from fedsim.methods.common.alignment import AlignmentParams, FeatureAlignment
 from fedsim.registry import METHODS
 
 

@@ -1,6 +1,6 @@
-"""Feature alignment with an exchange of encoded target features (base of FedDANN and FedMMD).
+"""Feature alignment with an exchange of encoded target features: what FedDANN and FedMMD share.
 
-One round has two exchanges (the federated DANN/MMD baselines of Peng et al.,
+One round has two stages (the federated DANN/MMD baselines of Peng et al.,
 FADA, ICLR 2020):
 
 1. ``features``: each target client encodes a seeded random subset of
@@ -16,11 +16,12 @@ FADA, ICLR 2020):
    batch of the received target features (for DANN, lambda scales the
    reversed gradient reaching the features, see ``DomainLoss.objective``).
    The server averages the model weights as FedAvg does (McMahan et al.,
-   AISTATS 2017, Alg. 1).
+   AISTATS 2017, Alg. 1; a :class:`~fedsim.methods.fedavg.FedAvg` object does it).
 
 The domain loss comes from :meth:`FeatureAlignment.make_domain_loss`, the one
-hook FedDANN and FedMMD override. It lives in the source client's private state
-across rounds (DANN's discriminator is never sent, nor averaged).
+hook FedDANN and FedMMD define (skada style: the methods differ by the loss object
+alone). It lives in the source client's private state across rounds (DANN's
+discriminator is never sent, nor averaged).
 
 Normalization. Source features are computed in training mode (batch-norm on the
 source batch) and, by default (``target_normalization = "batch"``), target
@@ -41,7 +42,7 @@ Sec. 5.2.2), p counted in local steps over ``run.rounds`` rounds.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -51,9 +52,9 @@ from fedsim.data.base import ClientData
 from fedsim.errors import UserError
 from fedsim.losses import DomainLoss, dann_schedule
 from fedsim.messages import Instruction, Reply
-from fedsim.methods.base import Replies, ServerState
+from fedsim.methods.base import Method, ServerState, client_operation
+from fedsim.methods.common.training import CHUNK, encode_in_chunks, load_numpy, make_optimizer, model_to_numpy, train_epochs
 from fedsim.methods.fedavg import FedAvg
-from fedsim.methods.common.training import load_numpy, make_optimizer, model_to_numpy
 from fedsim.seeding import derive_seed, numpy_rng
 
 TARGET_FEATURES = "target_features"  # payload key of the target features in the sources' fit instruction
@@ -82,7 +83,7 @@ class AlignmentParams:
 
 @torch.no_grad()
 def encode_subset(
-    model: nn.Module, x: np.ndarray, count: int, seed: int, device: torch.device, chunk: int = 512, batch_statistics: bool = False
+    model: nn.Module, x: np.ndarray, count: int, seed: int, device: torch.device, chunk: int = CHUNK, batch_statistics: bool = False
 ) -> np.ndarray:
     """Encoder features of a seeded random subset of ``count`` rows of ``x`` (all rows if fewer).
 
@@ -94,8 +95,7 @@ def encode_subset(
     count = min(int(count), len(x))
     index = np.sort(numpy_rng(seed).choice(len(x), size=count, replace=False))
     model.train(batch_statistics)
-    parts = [model.features(torch.from_numpy(x[index[i : i + chunk]]).to(device)).cpu() for i in range(0, count, chunk)]
-    return torch.cat(parts).numpy().astype(np.float32, copy=False)
+    return encode_in_chunks(model.features, x[index], device, chunk).numpy().astype(np.float32, copy=False)
 
 
 def feature_dim(model: nn.Module, input_shape: tuple[int, ...]) -> int:
@@ -106,11 +106,57 @@ def feature_dim(model: nn.Module, input_shape: tuple[int, ...]) -> int:
         return int(model.features(torch.zeros((1, *input_shape), device=device)).shape[-1])
 
 
-class FeatureAlignment(FedAvg):
+def steps_per_epoch(count: int, batch_size: int) -> tuple[int, int]:
+    """(batches of one epoch, batches that train): :func:`~fedsim.methods.common.training.minibatches`
+    skips a final batch of one, which still counts as a step of the lambda ramp."""
+    batches = -(-count // batch_size)
+    return batches, batches - int(count % batch_size == 1 and count >= 2)
+
+
+class AlignmentObjective:
+    """The ``step_loss`` of a source's local epochs: cross-entropy(head(f_s), y_s) + lambda * domain loss.
+
+    Each call draws a batch of the target features (its own generator), weighs the domain loss by
+    ``weight_at(step)`` (``step`` counts the batches of the epochs so far, skipped ones included) and
+    keeps the per-sample means of the last epoch's task loss, domain loss and the loss's diagnostics.
+    """
+
+    def __init__(self, domain_loss: DomainLoss, target: torch.Tensor, generator: torch.Generator,
+                 weight_at: Callable[[int], float], batches: int, trained: int):
+        self.domain_loss, self.target, self.generator, self.weight_at = domain_loss, target, generator, weight_at
+        self.batches, self.trained = batches, trained
+        self.calls, self.count = 0, 0
+        self.sums: dict[str, float] = {}
+
+    def __call__(self, model: nn.Module, xb: torch.Tensor, yb: torch.Tensor) -> torch.Tensor:
+        epoch, position = divmod(self.calls, self.trained)
+        self.calls += 1
+        if position == 0:  # a new epoch: the metrics are the last epoch's
+            self.sums, self.count = {}, 0
+        weight = self.weight_at(epoch * self.batches + position + 1)
+        pick = torch.randperm(len(self.target), generator=self.generator)[: len(xb)]
+        source_features = model.features(xb)
+        task = nn.functional.cross_entropy(model.head(source_features), yb)
+        term, value = self.domain_loss.objective(source_features, self.target[pick], weight)
+        batch = {"train_loss": float(task.detach()), "domain_loss": float(value.detach()), **self.domain_loss.last_metrics}
+        for key, number in batch.items():
+            self.sums[key] = self.sums.get(key, 0.0) + number * len(xb)
+        self.count += len(xb)
+        return task + term
+
+    def metrics(self) -> dict[str, float]:
+        """Per-sample means over the last epoch."""
+        return {key: value / max(self.count, 1) for key, value in self.sums.items()}
+
+
+class FeatureAlignment(Method):
     """FedAvg on sources + a domain loss against encoded target features; subclasses choose the loss."""
 
     Params = AlignmentParams
-    operations = ("fit", "evaluate", "features")
+
+    def __init__(self, config, federation, device: str = "cpu"):
+        super().__init__(config, federation, device)
+        self.fedavg = FedAvg(config, federation, device)  # initialization, aggregation, evaluation
 
     def make_domain_loss(self, in_features: int) -> DomainLoss:
         """The domain loss object of one source client (built once, kept private across rounds)."""
@@ -122,47 +168,36 @@ class FeatureAlignment(FedAvg):
         return self.params.lambda_domain * scale
 
     # ---- server half ------------------------------------------------------
-    def configure_round(self, rnd: int, state: ServerState) -> dict[int, Instruction]:
-        raise NotImplementedError(f"{type(self).__name__} exchanges twice per round: call run_round")
+    def init_server(self) -> ServerState:
+        return self.fedavg.init_server()
 
-    def configure_features(self, rnd: int, state: ServerState) -> dict[int, Instruction]:
-        weights = state["weights"]
-        return {
-            cid: Instruction("features", weights, {"seed": self.client_seed(rnd, cid, "features"), "round": rnd})
-            for cid in self.federation.target_ids
-        }
-
-    def configure_fit(self, rnd: int, state: ServerState, target_features: np.ndarray) -> dict[int, Instruction]:
-        payload = {**state["weights"], TARGET_FEATURES: target_features}  # one dict for every source: serialized once
-        return {
-            cid: Instruction("fit", payload, {"seed": self.client_seed(rnd, cid, "fit"), "round": rnd})
-            for cid in self.federation.source_ids
-        }
-
-    def run_round(self, rnd: int, state: ServerState, executor) -> tuple[ServerState, dict]:
-        feature_replies = executor.run(self.configure_features(rnd, state))
+    def run_round(self, ctx, state: ServerState) -> tuple[ServerState, dict]:
+        """Stage 1: the targets encode; stage 2: the sources fit against those features; FedAvg's mean."""
+        feature_replies = ctx.call("features", state["weights"], self.federation.target_ids)
         target_features = np.concatenate([r.tensors["features"] for r in feature_replies.values()])  # client-id order
-        replies = executor.run(self.configure_fit(rnd, state, target_features))
-        state, metrics = self.aggregate(rnd, state, replies)
-        metrics["domain_weight"] = self.domain_weight(rnd / self.config.run.rounds)
-        metrics["target_features"] = int(len(target_features))
-        return state, metrics
-
-    def aggregate(self, rnd: int, state: ServerState, replies: Replies) -> tuple[ServerState, dict]:
-        state, metrics = super().aggregate(rnd, state, replies)
+        payload = {**state["weights"], TARGET_FEATURES: target_features}  # one dict for every source: serialized once
+        replies = ctx.call("fit", payload, self.federation.source_ids)
+        state, metrics = self.fedavg.aggregate(ctx, state, replies)
         for key in sorted({k for r in replies.values() for k in r.metrics} - {"train_loss"}):
             metrics[key] = {str(cid): r.metrics[key] for cid, r in replies.items() if key in r.metrics}
+        metrics["domain_weight"] = self.domain_weight(ctx.round / self.config.run.rounds)
+        metrics["target_features"] = int(len(target_features))
         return state, metrics
 
     # ---- client half ------------------------------------------------------
     def init_client(self, data: ClientData) -> Any:
-        state = super().init_client(data)
+        state = self.fedavg.init_client(data)
         if not data.is_target:
             torch.manual_seed(derive_seed(self.config.run.seed, "domain-loss", data.client_id))
             width = feature_dim(state["model"], self.federation.input_shape)
             state["domain_loss"] = self.make_domain_loss(width).to(self.device)
         return state
 
+    @client_operation
+    def evaluate(self, instruction: Instruction, state: Any, data: ClientData) -> tuple[Reply, Any]:
+        return self.fedavg.evaluate(instruction, state, data)
+
+    @client_operation
     def features(self, instruction: Instruction, state: Any, data: ClientData) -> tuple[Reply, Any]:
         """Target client: encoded features of a random subset of its unlabeled training inputs."""
         model = state["model"]
@@ -173,45 +208,22 @@ class FeatureAlignment(FedAvg):
         )
         return Reply(data.client_id, {"features": encoded}, {"num_features": float(len(encoded))}, num_examples=len(encoded)), state
 
+    @client_operation
     def fit(self, instruction: Instruction, state: Any, data: ClientData) -> tuple[Reply, Any]:
         """Source client: E local epochs of cross-entropy + lambda * domain loss against the received target features."""
         if data.train.y is None:
             raise ValueError("fit needs labels: only source clients train, the target client only sends features")
+        method, seed = self.config.method, instruction.config["seed"]
         model, domain_loss = state["model"], state["domain_loss"]
         load_numpy(model, {k: v for k, v in instruction.tensors.items() if k != TARGET_FEATURES})
         target = torch.tensor(np.asarray(instruction.tensors[TARGET_FEATURES])).to(self.device)
-        optimizer = make_optimizer(nn.ModuleList([model, domain_loss]), self.config.method)  # fresh each round
-        x, y = torch.from_numpy(data.train.x), torch.from_numpy(data.train.y)
-        epochs, batch_size = self.config.method.local_epochs, self.config.method.batch_size
-        order_gen = torch.Generator().manual_seed(instruction.config["seed"])  # same batch order as FedAvg
-        target_gen = torch.Generator().manual_seed(derive_seed(instruction.config["seed"], "target-batch"))
-        steps = epochs * -(-len(x) // batch_size)
-        rnd, rounds = instruction.config["round"], self.config.run.rounds
-        cross_entropy = nn.CrossEntropyLoss()
-        model.train()
+        optimizer = make_optimizer(nn.ModuleList([model, domain_loss]), method)  # fresh each round
+        batches, trained = steps_per_epoch(len(data.train), method.batch_size)
+        rnd, rounds, steps = instruction.config["round"], self.config.run.rounds, method.local_epochs * batches
+        objective = AlignmentObjective(
+            domain_loss, target, torch.Generator().manual_seed(derive_seed(seed, "target-batch")),
+            lambda step: self.domain_weight((rnd - 1 + step / steps) / rounds), batches, trained,
+        )
         domain_loss.train()
-        step = 0
-        for _ in range(epochs):
-            order = torch.randperm(len(x), generator=order_gen)
-            sums: dict[str, float] = {}
-            count = 0
-            for start in range(0, len(x), batch_size):
-                idx = order[start : start + batch_size]
-                step += 1
-                if len(idx) < 2 and len(x) >= 2:
-                    continue  # batch norm needs two samples
-                weight = self.domain_weight((rnd - 1 + step / steps) / rounds)
-                pick = torch.randperm(len(target), generator=target_gen)[: len(idx)]
-                xb, yb = x[idx].to(self.device), y[idx].to(self.device)
-                optimizer.zero_grad(set_to_none=True)
-                source_features = model.features(xb)
-                task = cross_entropy(model.head(source_features), yb)
-                term, value = domain_loss.objective(source_features, target[pick], weight)
-                (task + term).backward()
-                optimizer.step()
-                batch = {"train_loss": float(task.detach()), "domain_loss": float(value.detach()), **domain_loss.last_metrics}
-                for key, value in batch.items():
-                    sums[key] = sums.get(key, 0.0) + value * len(idx)
-                count += len(idx)
-        metrics = {key: value / max(count, 1) for key, value in sums.items()}  # means over the last epoch
-        return Reply(data.client_id, model_to_numpy(model), metrics, num_examples=len(data.train)), state
+        train_epochs(model, data.train, method.local_epochs, method.batch_size, optimizer, seed, self.device, step_loss=objective)
+        return Reply(data.client_id, model_to_numpy(model), objective.metrics(), num_examples=len(data.train)), state
