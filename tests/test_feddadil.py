@@ -1,27 +1,47 @@
-"""FedDaDiL: alpha stays private, aggregation follows the paper's rule, both backends agree."""
+"""FedDaDiL and centralized DaDiL: alpha stays private, aggregation follows the paper's rule, the encoder
+stage standardizes from client sums, DaDiL's alphas live in the server state, both backends agree."""
 import numpy as np
 import pytest
 import torch
 
 from experiments.run import run_experiment
 from fedsim.config import load_config
-from fedsim.data.scenario import build_federation
+from fedsim.data.normalization import feature_stats, mean_std
+from fedsim.data.scenario import build_federation, load_client_data
 from fedsim.errors import UserError
-from fedsim.methods import _dadil as dil
+from fedsim.methods.common import dictionary as dil
+from fedsim.methods.common.training import load_numpy
+from fedsim.methods.dadil import DaDiL
+from fedsim.methods.feddadil import FedDaDiL
 from fedsim.runtime import Server
 
-from conftest import RecordingExecutor
+from conftest import RecordingExecutor, write_image_domains
 
 SMALL = ["method.name=feddadil", "method.samples_per_atom=40", "method.batch_size=20", "method.classifier_steps=50"]
-
-
 
 
 def _server(overrides):
     config = load_config(None, overrides)
     federation = build_federation(config.data)
     executor = RecordingExecutor(config, federation)
-    return Server(config, federation, executor), executor, federation
+    server = Server(config, federation, executor)
+    server.setup(1)
+    return server, executor, federation
+
+
+@pytest.fixture(scope="module")
+def image_overrides(tmp_path_factory):
+    root = write_image_domains(str(tmp_path_factory.mktemp("images")))
+    return [
+        "data.benchmark=npz", f"data.root={root}", "data.target=img1", f"data.cache_dir={tmp_path_factory.mktemp('cache')}",
+        "data.normalization=none", "run.progress=false", "model.name=cnn", "model.hidden=16", "method.lr=0.05",
+    ]
+
+
+def test_declared_operations():
+    assert FedDaDiL.operations == {"fit", "evaluate", "feature_stats", "dil"}
+    assert DaDiL.operations == {"fit", "evaluate", "feature_stats", "upload"}
+    assert not FedDaDiL.centralized and DaDiL.centralized
 
 
 def test_alpha_is_learned_and_never_sent(toy_overrides):
@@ -29,6 +49,7 @@ def test_alpha_is_learned_and_never_sent(toy_overrides):
     before = {cid: executor.host.private_state(cid)["alpha"].clone() for cid in federation.client_ids}
     for rnd in (1, 2):
         server.run_round(rnd, evaluate=True)
+    assert executor.operations() == ["dil", "evaluate", "dil", "evaluate"]
     for cid in federation.client_ids:
         alpha = executor.host.private_state(cid)["alpha"]
         assert torch.isclose(alpha.sum(), torch.tensor(1.0)) and (alpha >= 0).all()
@@ -47,11 +68,16 @@ def test_random_aggregation_keeps_one_client_version(toy_overrides):
     server.run_round(1, evaluate=False)
     instructions, replies = executor.calls[-1]
     idx = server.method.atom_batch(1)
+    assert idx.tolist() == sorted(set(idx.tolist())) and len(idx) == 20
     kept = server.state["atoms_x"][:, idx]
     matches = [cid for cid, r in replies.items() if np.array_equal(r.tensors["atoms_x"], kept)]
     assert len(matches) == 1
     # every client got the same payload object (serialized once)
     assert len({id(ins.tensors) for ins in instructions.values()}) == 1
+    # the atom samples outside the batch are untouched
+    untouched = np.setdiff1d(np.arange(40), idx)
+    initial = server.method.init_server()["atoms_x"]
+    np.testing.assert_array_equal(server.state["atoms_x"][:, untouched], initial[:, untouched])
 
 
 def test_average_aggregation(toy_overrides):
@@ -64,11 +90,15 @@ def test_average_aggregation(toy_overrides):
 
 
 def test_round_metrics_and_both_predictors(toy_overrides):
-    server, _, federation = _server(toy_overrides + SMALL)
+    server, executor, federation = _server(toy_overrides + SMALL)
     metrics = server.run_round(1, evaluate=True)
+    assert metrics["stage"] == "dictionary"
     assert set(metrics["dil_loss"]) == {str(c) for c in federation.client_ids}
     assert metrics["atom_drift"] > 0
-    assert 0 <= metrics["target_accuracy"] <= 1 and 0 <= metrics["target_accuracy_E"] <= 1
+    target = [r for cid, r in executor.calls[-1][1].items() if federation.info(cid).domain == federation.target]
+    total = sum(r.metrics["total"] for r in target)
+    assert metrics["target_accuracy"] == sum(r.metrics["correct"] for r in target) / total
+    assert metrics["target_accuracy_E"] == sum(r.metrics["correct_E"] for r in target) / total
 
 
 def test_atom_drift_is_zero_for_identical_versions():
@@ -77,10 +107,54 @@ def test_atom_drift_is_zero_for_identical_versions():
     assert dil.atom_drift([(x, logits), (x + 1.0, logits)], dil.DictionaryParams()) > 0
 
 
-def test_bad_parameters(toy_overrides):
-    for override, message in (("method.aggregation=median", "random"), ("method.solver=lp", "sinkhorn"), ("method.batch_size=500", "cannot exceed")):
+def test_bad_parameters(toy_overrides, image_overrides):
+    for override, message in (("method.aggregation=median", "random"), ("method.solver=lp", "sinkhorn"), ("method.samples_per_atom=0", "positive")):
         with pytest.raises(UserError, match=message):
-            _server(toy_overrides + SMALL + [override])
+            load_config(None, toy_overrides + SMALL + [override])
+    for overrides, message in ((toy_overrides + SMALL + ["method.batch_size=500"], "cannot exceed"),
+                               (image_overrides + SMALL + ["method.encoder_rounds=0"], "needs an encoder")):
+        config = load_config(None, overrides)
+        with pytest.raises(UserError, match=message):
+            FedDaDiL.check_setting(config, build_federation(config.data))
+
+
+def test_encoder_stage_then_standardized_features(image_overrides):
+    server, executor, federation = _server(image_overrides + SMALL + ["method.encoder_rounds=1", "method.samples_per_atom=30",
+                                                                      "method.batch_size=15", "method.classifier_steps=20"])
+    first = server.run_round(1, evaluate=True)
+    assert first["stage"] == "encoder" and set(first["train_loss"]) == {str(c) for c in federation.source_ids}
+    encoder_weights = server.state["weights"]
+    second = server.run_round(2, evaluate=True)
+    assert second["stage"] == "dictionary"
+    assert executor.operations() == ["fit", "evaluate", "feature_stats", "dil", "evaluate"]
+    # the shared standardization is the pooled mean/std of every client's encoded training features
+    model = executor.host.private_state(federation.client_ids[0])["model"]
+    load_numpy(model, encoder_weights)
+    with torch.no_grad():
+        train = [load_client_data(server.config.data, federation, c).train.x for c in federation.client_ids]
+        pooled = np.concatenate([model.eval().features(torch.from_numpy(x)).numpy() for x in train])
+    mean, std = mean_std(feature_stats(pooled))
+    dil_payload = next(ins for ins, _ in executor.calls if next(iter(ins.values())).operation == "dil")
+    payload = next(iter(dil_payload.values())).tensors
+    np.testing.assert_allclose(payload["feature_mean"], mean, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(payload["feature_std"], std, rtol=1e-5, atol=1e-6)
+    standardized = np.concatenate([executor.host.private_state(c)["train_features"].numpy() for c in federation.client_ids])
+    np.testing.assert_allclose(standardized.mean(0), 0.0, atol=1e-4)
+    assert server.state["atoms_x"].shape == (3, 30, 16)
+
+
+def test_dadil_alphas_live_in_the_server_state(toy_overrides):
+    server, executor, federation = _server(toy_overrides + SMALL + ["method.name=dadil"])
+    server.run_round(1, evaluate=True)
+    assert executor.operations() == ["upload", "evaluate"]
+    uploads, evaluations = executor.calls[0][1], executor.calls[1][0]
+    for cid in federation.client_ids:
+        labeled = federation.info(cid).domain != federation.target
+        assert ("y" in uploads[cid].tensors) == labeled  # the target's labels are never uploaded
+        alpha = server.state["alphas"][cid]
+        assert alpha.sum() == pytest.approx(1.0, abs=1e-5) and not np.allclose(alpha, 1 / 3)
+        assert evaluations[cid].config["alpha"] == [float(a) for a in alpha]
+    assert not any(isinstance(v, dict) for v in vars(server.method).values()), "no per-call state on the method"
 
 
 def test_local_and_ray_agree(toy_overrides, ray_cluster, tmp_path):

@@ -6,7 +6,9 @@ import ot
 import pytest
 import torch
 
-from fedsim.ot import joint_cost, labeled_barycenter, project_simplex, transport_plan, wasserstein_distance
+from fedsim.ot.barycenter import labeled_barycenter
+from fedsim.ot.simplex import project_simplex
+from fedsim.ot.wasserstein import joint_cost, transport_plan, wasserstein_distance
 
 f64 = torch.float64
 

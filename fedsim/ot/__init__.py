@@ -1,7 +1,6 @@
-"""Optimal-transport building blocks for DaDiL / FedDaDiL (on POT's torch backend)."""
-from fedsim.ot.barycenter import labeled_barycenter
-from fedsim.ot.simplex import project_simplex
-from fedsim.ot.wasserstein import SOLVERS, joint_cost, transport_plan, wasserstein_distance
+"""Optimal-transport building blocks for DaDiL / FedDaDiL, on POT's torch backend.
 
-__all__ = ["SOLVERS", "joint_cost", "labeled_barycenter", "project_simplex", "transport_plan",
-           "wasserstein_distance"]
+:mod:`fedsim.ot.wasserstein` (joint ground cost, transport plans, W_2 between labeled samples),
+:mod:`fedsim.ot.barycenter` (free-support labeled barycenters), :mod:`fedsim.ot.simplex` (projection
+of barycentric coordinates on the simplex).
+"""

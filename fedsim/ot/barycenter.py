@@ -15,14 +15,14 @@ from __future__ import annotations
 
 import torch
 
-from fedsim.ot.wasserstein import _check_samples, check_weights, joint_cost, transport_plan
+from fedsim.ot.wasserstein import check_samples, check_weights, joint_cost, transport_plan
 
 
 def _check_atoms(atoms_x, atoms_y, alpha):
     if len(atoms_x) == 0:
         raise ValueError("labeled_barycenter needs at least one atom")
     for k, x in enumerate(atoms_x):
-        _check_samples(x, f"atoms_x[{k}]")
+        check_samples(x, f"atoms_x[{k}]")
         if x.shape[1] != atoms_x[0].shape[1]:
             raise ValueError(f"feature dimensions differ: atoms_x[{k}] has {x.shape[1]} columns, "
                              f"atoms_x[0] has {atoms_x[0].shape[1]}")
@@ -30,7 +30,7 @@ def _check_atoms(atoms_x, atoms_y, alpha):
         if len(atoms_y) != len(atoms_x):
             raise ValueError(f"got {len(atoms_x)} feature atoms but {len(atoms_y)} label atoms")
         for k, (x, y) in enumerate(zip(atoms_x, atoms_y)):
-            _check_samples(y, f"atoms_y[{k}]")
+            check_samples(y, f"atoms_y[{k}]")
             if y.shape[0] != x.shape[0] or y.shape[1] != atoms_y[0].shape[1]:
                 raise ValueError(f"atoms_y[{k}] has shape {tuple(y.shape)}; expected "
                                  f"({x.shape[0]}, {atoms_y[0].shape[1]}) to match atoms_x[{k}] and atoms_y[0]")
@@ -44,7 +44,7 @@ def _initial_support(atoms_x, atoms_y, n_support, init):
     """Default init: the first atom's points (rows resampled evenly when n_support differs)."""
     if init is not None:
         xb, yb = init if isinstance(init, (tuple, list)) else (init, None)
-        _check_samples(xb, "init features")
+        check_samples(xb, "init features")
         if xb.shape[1] != atoms_x[0].shape[1]:
             raise ValueError(f"init has {xb.shape[1]} feature columns, atoms have {atoms_x[0].shape[1]}")
         if atoms_y is not None and yb is None:

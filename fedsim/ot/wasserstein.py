@@ -20,7 +20,7 @@ _EMD_MAX_ITER = 1_000_000  # POT's default (1e5) can stop early for n ~ 1000
 _WEIGHT_TOL = 1e-5
 
 
-def _check_samples(x: torch.Tensor, name: str) -> None:
+def check_samples(x: torch.Tensor, name: str) -> None:
     if not isinstance(x, torch.Tensor):
         raise ValueError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
     if x.dim() != 2 or x.shape[0] == 0:
@@ -31,16 +31,16 @@ def _check_samples(x: torch.Tensor, name: str) -> None:
 
 def _check_pair(xs, xt, ys=None, yt=None) -> None:
     """Validate a (source, target) pair of samples and optional labels."""
-    _check_samples(xs, "xs")
-    _check_samples(xt, "xt")
+    check_samples(xs, "xs")
+    check_samples(xt, "xt")
     if xs.shape[1] != xt.shape[1]:
         raise ValueError(f"feature dimensions differ: xs has {xs.shape[1]} columns, xt has {xt.shape[1]}")
     if (ys is None) != (yt is None):
         raise ValueError("labels: give both ys and yt (labeled cost) or neither (feature cost only)")
     tensors = {"xs": xs, "xt": xt}
     if ys is not None:
-        _check_samples(ys, "ys")
-        _check_samples(yt, "yt")
+        check_samples(ys, "ys")
+        check_samples(yt, "yt")
         if ys.shape[0] != xs.shape[0] or yt.shape[0] != xt.shape[0]:
             raise ValueError(
                 f"label rows differ from sample rows: xs {xs.shape[0]} vs ys {ys.shape[0]}, "

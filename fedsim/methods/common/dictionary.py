@@ -1,4 +1,4 @@
-"""Dataset dictionary learning (DaDiL) building blocks shared by ``feddadil`` and ``dadil``.
+"""Dataset dictionary learning (DaDiL): the atoms, the loss, the predictors, shared by ``feddadil`` and ``dadil``.
 
 Montesuma, Mboula, Souloumiac, "Multi-Source Domain Adaptation through Dataset
 Dictionary Learning in Wasserstein Space", ECAI 2023 (DaDiL); federated form:
@@ -11,7 +11,9 @@ and the loss of one mini-batch is (DaDiL Eq. 9)
 
     W_c(Q_l, B(alpha_l; P)),  c((x, y), (x', y')) = ||x - x'||^2 + beta ||y - y'||^2
 
-for a labeled domain, and the feature-only W_2 for the unlabeled target.
+for a labeled domain, and the feature-only W_2 for the unlabeled target. Predictions on a
+domain: DaDiL-R (a classifier trained on the reconstruction B(alpha_l; P)) and DaDiL-E
+(per-atom classifiers weighted by alpha_l).
 """
 from __future__ import annotations
 
@@ -22,7 +24,11 @@ import numpy as np
 import torch
 from torch import nn
 
-from fedsim.ot import labeled_barycenter, project_simplex, wasserstein_distance
+from fedsim.errors import UserError
+from fedsim.ot.barycenter import labeled_barycenter
+from fedsim.ot.simplex import project_simplex
+from fedsim.ot.wasserstein import SOLVERS, wasserstein_distance
+from fedsim.seeding import numpy_rng
 
 
 @dataclass(frozen=True)
@@ -42,22 +48,22 @@ class DictionaryParams:
     classifier_steps: int = 300  # full-batch Adam steps of the DaDiL-R / DaDiL-E classifiers
     classifier_hidden: int = 64  # 0 = linear classifier
 
+    def __post_init__(self):
+        if self.aggregation not in ("random", "avg"):
+            raise UserError(f"method.aggregation must be 'random' or 'avg', got {self.aggregation!r}")
+        if self.solver not in SOLVERS:
+            raise UserError(f"method.solver must be 'emd', 'sinkhorn' or 'sinkhorn_log', got {self.solver!r}")
+        for name in ("samples_per_atom", "barycenter_iterations", "classifier_steps"):
+            if getattr(self, name) <= 0:
+                raise UserError(f"method.{name} must be positive, got {getattr(self, name)}")
+        if self.num_atoms < 0 or self.lr_atoms <= 0 or self.lr_alpha <= 0 or self.reg <= 0:
+            raise UserError("method.num_atoms must be >= 0 and method.lr_atoms, lr_alpha, reg must be positive")
 
-def validate_params(p: DictionaryParams, batch_size: int) -> None:
+
+def check_batch_size(p: DictionaryParams, batch_size: int) -> None:
     """``batch_size`` is the common ``method.batch_size``: DaDiL's n_b (atoms and client data per step)."""
-    from fedsim.errors import UserError
-
-    if p.aggregation not in ("random", "avg"):
-        raise UserError(f"method.aggregation must be 'random' or 'avg', got {p.aggregation!r}")
-    if p.solver not in ("emd", "sinkhorn", "sinkhorn_log"):
-        raise UserError(f"method.solver must be 'emd', 'sinkhorn' or 'sinkhorn_log', got {p.solver!r}")
-    for name in ("samples_per_atom", "barycenter_iterations", "classifier_steps"):
-        if getattr(p, name) <= 0:
-            raise UserError(f"method.{name} must be positive, got {getattr(p, name)}")
     if batch_size > p.samples_per_atom:
         raise UserError(f"method.batch_size ({batch_size}) cannot exceed method.samples_per_atom ({p.samples_per_atom})")
-    if p.num_atoms < 0 or p.lr_atoms <= 0 or p.lr_alpha <= 0 or p.reg <= 0:
-        raise UserError("method.num_atoms must be >= 0 and method.lr_atoms, lr_alpha, reg must be positive")
 
 
 def num_atoms(p: DictionaryParams, num_domains: int) -> int:
@@ -75,6 +81,23 @@ def init_atoms(k: int, n: int, dim: int, classes: int, seed: int) -> tuple[np.nd
     logits = np.zeros((k, n, classes), np.float32)
     np.put_along_axis(logits, labels[..., None], 3.0, axis=2)
     return x, logits
+
+
+def atom_batch(root_seed: int, rnd: int, p: DictionaryParams, batch_size: int) -> np.ndarray:
+    """The sorted indices of the atom samples that round ``rnd`` works on (the same for every client)."""
+    return np.sort(numpy_rng(root_seed, rnd, "atom-batch").choice(p.samples_per_atom, batch_size, replace=False))
+
+
+def atom_tensors(state: dict) -> dict[str, np.ndarray]:
+    """The whole dictionary as named tensors (what the server sends for evaluation)."""
+    return {"atoms_x": state["atoms_x"], "atoms_logits": state["atoms_logits"]}
+
+
+def with_atom_batch(state: dict, idx: np.ndarray, atoms_x: np.ndarray, atoms_logits: np.ndarray) -> dict:
+    """The server state with the atom samples ``idx`` replaced by a new version of that batch."""
+    new_x, new_logits = state["atoms_x"].copy(), state["atoms_logits"].copy()
+    new_x[:, idx], new_logits[:, idx] = atoms_x, atoms_logits
+    return {**state, "atoms_x": new_x, "atoms_logits": new_logits}
 
 
 def label_weight(p: DictionaryParams, xa: torch.Tensor, xb: torch.Tensor) -> float:
@@ -100,25 +123,22 @@ def dil_loss(atoms_x, atoms_logits, alpha, x, y_onehot: Optional[torch.Tensor], 
     return wasserstein_distance(x, xb, y_onehot, yb, beta=label_weight(p, x, xb), solver=p.solver, reg=p.reg)
 
 
-def dictionary_step_tensors(atoms_x: np.ndarray, atoms_logits: np.ndarray):
+def one_hot_labels(y: Optional[np.ndarray], classes: int) -> Optional[torch.Tensor]:
+    """A labeled domain's labels as one-hot rows (None for the unlabeled target)."""
+    return None if y is None else nn.functional.one_hot(torch.from_numpy(y), classes).float()
+
+
+def trainable_atoms(atoms_x: np.ndarray, atoms_logits: np.ndarray):
     """Trainable copies of an atom batch (the client clones what the server sent)."""
     x = torch.tensor(np.asarray(atoms_x), requires_grad=True)
     logits = torch.tensor(np.asarray(atoms_logits), requires_grad=True)
     return x, logits
 
 
-def alpha_step(alpha: torch.Tensor) -> None:
+def project_alpha(alpha: torch.Tensor) -> None:
     """Project the barycentric coordinates back on the simplex after a gradient step (in place)."""
     with torch.no_grad():
         alpha.copy_(project_simplex(alpha))
-
-
-def batches(n: int, batch_size: int, generator: torch.Generator):
-    order = torch.randperm(n, generator=generator)
-    for start in range(0, n, batch_size):
-        chunk = order[start : start + batch_size]
-        if len(chunk) >= 2:
-            yield chunk
 
 
 def atom_drift(versions: list[tuple[np.ndarray, np.ndarray]], p: DictionaryParams) -> float:
@@ -178,3 +198,14 @@ def predict_ensemble(atoms_x, atoms_logits, alpha, x_test, p: DictionaryParams, 
             model = fit_classifier(atoms_x[k], torch.softmax(atoms_logits[k], -1), p, seed + k)
         probabilities = probabilities + alpha[k] * torch.softmax(model(x_test), 1)
     return probabilities.argmax(1)
+
+
+def evaluate_predictors(tensors, alpha: torch.Tensor, test_x: torch.Tensor, test_y: np.ndarray, p: DictionaryParams, seed: int) -> dict:
+    """Correct counts of DaDiL-R (``correct``) and DaDiL-E (``correct_E``) on one domain's test features."""
+    atoms_x = torch.tensor(np.asarray(tensors["atoms_x"]))
+    atoms_logits = torch.tensor(np.asarray(tensors["atoms_logits"]))
+    seed = seed % (1 << 31)
+    y = torch.from_numpy(test_y)
+    pred_r = predict_reconstruction(atoms_x, atoms_logits, alpha, test_x, p, seed)
+    pred_e = predict_ensemble(atoms_x, atoms_logits, alpha, test_x, p, seed)
+    return {"correct": float((pred_r == y).sum()), "total": float(len(y)), "correct_E": float((pred_e == y).sum())}
