@@ -14,11 +14,16 @@
   replaced by an exponential moving average over batches.
 * Reconstruction (Eq. 7): mean squared error between the generator features and
   the reconstructor's output from both parts.
+
+:class:`AdversarialAlignment` runs Eq. 3 on a source's batches, :class:`Disentanglement` the four
+updates of Sec. 3.3 on one batch of generator features.
 """
 from __future__ import annotations
 
 import math
+from typing import Mapping
 
+import numpy as np
 import torch
 from torch import nn
 from torch.nn import functional as F
@@ -101,3 +106,101 @@ class MINELoss(nn.Module):
     @staticmethod
     def estimate(joint: torch.Tensor, marginal: torch.Tensor) -> torch.Tensor:
         return mine_lower_bound(joint, marginal)
+
+
+class AdversarialAlignment:
+    """Eq. 3 on a source's batches: DI_i learns source (1) vs target (0) features, then G_i confuses it.
+
+    ``net`` is the source's model (G_i = ``features``, D_inv = ``invariant``, C_i = ``head``), ``target``
+    the received target features, of which each batch draws as many as it has rows (``generator``).
+    G_i's step keeps the classification loss of the same batch: cross-entropy + weight * confusion.
+    :meth:`target_gradient` is d(weight * confusion)/d(target features): the direction G_t follows.
+    """
+
+    def __init__(self, net: nn.Module, identifier: nn.Module, identifier_optimizer: torch.optim.Optimizer,
+                 generator_optimizer: torch.optim.Optimizer, target: torch.Tensor, generator: torch.Generator):
+        self.net, self.identifier, self.target, self.generator = net, identifier, target, generator
+        self.identifier_optimizer, self.generator_optimizer = identifier_optimizer, generator_optimizer
+        self.accuracies: list[float] = []
+        self.confusions: list[float] = []
+
+    def step(self, inputs: torch.Tensor, labels: torch.Tensor, weight: float) -> None:
+        net, identifier = self.net, self.identifier
+        source = net.features(inputs)
+        picked = self.target[torch.randperm(len(self.target), generator=self.generator)[: len(inputs)]]
+        source_logits, target_logits = identifier(source.detach()), identifier(picked)
+        self.identifier_optimizer.zero_grad(set_to_none=True)
+        domain_identifier_loss(source_logits, target_logits).backward()
+        self.identifier_optimizer.step()
+        self.accuracies.append(domain_accuracy(source_logits, target_logits))
+        identifier.requires_grad_(False)
+        confusion = domain_confusion_loss(identifier(source))
+        task = F.cross_entropy(net.head(net.invariant(source)), labels)
+        self.generator_optimizer.zero_grad(set_to_none=True)
+        (task + weight * confusion).backward()
+        self.generator_optimizer.step()
+        identifier.requires_grad_(True)
+        self.confusions.append(float(confusion.detach()))
+
+    def target_gradient(self, weight: float) -> tuple[torch.Tensor, float]:
+        """(d(weight * confusion)/d(target features), the confusion loss of the target features)."""
+        features = self.target.clone().requires_grad_(True)
+        confusion = domain_confusion_loss(self.identifier(features))
+        (gradient,) = torch.autograd.grad(weight * confusion, features)
+        return gradient, float(confusion.detach())
+
+    def metrics(self) -> dict[str, float]:
+        """DI's balanced accuracy and the confusion loss, means over the batches."""
+        return {
+            "domain_identifier_accuracy": float(np.mean(self.accuracies)) if self.accuracies else float("nan"),
+            "confusion_loss": float(np.mean(self.confusions)) if self.confusions else float("nan"),
+        }
+
+
+class Disentanglement:
+    """The updates of Sec. 3.3 (Eq. 4-7) on one batch of fixed generator features f = G_i(x).
+
+    ``net`` has the invariant branch D_inv and the classifier C; ``parts`` the specific branch D_spec,
+    the class identifier CI, the reconstructor R and the MINE statistics network T
+    (:class:`fedsim.models.fada_parts.SourceParts`). ``optimizers`` holds one optimizer per update:
+    ``classify`` (D_inv, C, D_spec, CI), ``entropy`` (D_spec), ``statistics`` (T), ``disentangle``
+    (D_inv, D_spec, R). D_i minimizes the positive part of the MI estimate: mutual information is never
+    negative, and a D_i that pushes a fixed T's bound below zero only exploits T.
+    """
+
+    METRICS = ("mine_estimate", "class_identifier_accuracy", "class_identifier_entropy", "reconstruction_loss")
+
+    def __init__(self, net: nn.Module, parts: nn.Module, mine: MINELoss, optimizers: Mapping[str, torch.optim.Optimizer],
+                 lambda_entropy: float, lambda_mi: float, lambda_recon: float):
+        self.net, self.parts, self.mine, self.optimizers = net, parts, mine, optimizers
+        self.lambda_entropy, self.lambda_mi, self.lambda_recon = lambda_entropy, lambda_mi, lambda_recon
+
+    def update(self, name: str, loss: torch.Tensor) -> None:
+        self.net.zero_grad(set_to_none=True)
+        self.parts.zero_grad(set_to_none=True)
+        loss.backward()
+        self.optimizers[name].step()
+
+    def step(self, generated: torch.Tensor, labels: torch.Tensor, permutation: torch.Tensor) -> dict[str, float]:
+        """One batch: ``permutation`` pairs invariant with shuffled specific parts (the product of the marginals)."""
+        net, parts = self.net, self.parts
+        # Eq. 4: C_i on the invariant part and CI_i on the specific part learn the labels
+        ci_logits = parts.class_identifier(parts.specific(generated))
+        self.update("classify", F.cross_entropy(net.head(net.invariant(generated)), labels) + F.cross_entropy(ci_logits, labels))
+        # Eq. 5: the specific branch makes CI_i maximally uncertain
+        ci_logits = parts.class_identifier(parts.specific(generated))
+        self.update("entropy", -self.lambda_entropy * entropy(ci_logits))
+        # Eq. 6: T maximizes the bias-corrected MINE bound on I(f_di; f_ds)
+        invariant, specific = net.invariant(generated), parts.specific(generated)
+        joint, marginal = parts.mine_scores(invariant.detach(), specific.detach(), permutation)
+        self.update("statistics", -self.mine.surrogate(joint, marginal))
+        # Eq. 6-7: D_i minimizes the MI estimate; R_i rebuilds G_i(x) from both parts
+        parts.statistics.requires_grad_(False)
+        joint, marginal = parts.mine_scores(invariant, specific, permutation)
+        estimate = mine_lower_bound(joint, marginal)
+        rebuilt = reconstruction_loss(parts.reconstruct(invariant, specific), generated)
+        self.update("disentangle", self.lambda_mi * torch.relu(estimate) + self.lambda_recon * rebuilt)
+        parts.statistics.requires_grad_(True)
+        with torch.no_grad():
+            values = (estimate, (ci_logits.argmax(1) == labels).float().mean(), entropy(ci_logits), rebuilt)
+            return {name: float(value) for name, value in zip(self.METRICS, values)}

@@ -15,6 +15,9 @@ features) and the domain identifier DI (source vs target features), the
 """
 from __future__ import annotations
 
+import contextlib
+from typing import Iterator
+
 import torch
 from torch import nn
 
@@ -43,6 +46,18 @@ class FADANet(Classifier):
 
     def invariant_features(self, x: torch.Tensor) -> torch.Tensor:
         return self.invariant(self.encoder(x))
+
+
+@contextlib.contextmanager
+def preserved_buffers(model: nn.Module) -> Iterator[None]:
+    """Restore the buffers (batch-norm running statistics) after training-mode forward passes."""
+    saved = {name: b.detach().clone() for name, b in model.named_buffers()}
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for name, b in model.named_buffers():
+                b.copy_(saved[name])
 
 
 def feature_width(encoder: nn.Module, input_shape: tuple[int, ...]) -> int:
