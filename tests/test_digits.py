@@ -13,8 +13,10 @@ import pytest
 
 from fedsim.config import DataConfig
 from fedsim.data import cache
-from fedsim.data.benchmarks import digits
-from fedsim.data.benchmarks.digits import DigitsBenchmark, mnist_halves, stratified_split, stratified_subsample
+from fedsim.data.benchmarks.digits import DigitsBenchmark
+from fedsim.data.benchmarks.digits_render import BUILDERS, mnist_halves
+from fedsim.data.benchmarks.package_images import mnist_source
+from fedsim.data.benchmarks.splits import limit_train, stratified_split, stratified_subsample
 from fedsim.errors import UserError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -74,7 +76,7 @@ def test_mnist_and_mnistm_use_disjoint_digits(built):
     assert len(np.intersect1d(first, second)) == 0
     assert len(first) == len(second) == 2500
     assert len(np.union1d(first, second)) == 5000
-    source, _ = digits._mnist_source()
+    source, _ = mnist_source()
 
     def digest(img: np.ndarray) -> bytes:
         return hashlib.sha1(np.ascontiguousarray(img).tobytes()).digest()
@@ -119,7 +121,8 @@ def test_cache_hit_returns_identical_arrays(built, monkeypatch):
     def fail(seed):
         raise AssertionError("built again although cached")
 
-    monkeypatch.setattr(digits, "_BUILDERS", {name: fail for name in DOMAINS})
+    for name in DOMAINS:
+        monkeypatch.setitem(BUILDERS, name, fail)
     again = DigitsBenchmark(DataConfig(cache_dir=str(cache_dir)))
     for name in DOMAINS:
         d = again.load(name)
@@ -171,6 +174,7 @@ def test_unknown_domain(built):
         bench.load("svhn")
     message = str(err.value)
     assert "svhn" in message and all(name in message for name in DOMAINS) and "\n" not in message
+    assert "svhn" not in bench._loaded
 
 
 def test_domains_really_differ(built):
@@ -242,5 +246,11 @@ def test_split_helpers():
     assert list(np.bincount(y[test], minlength=3)) == [2, 1, 0]
     train, test = stratified_split(np.array([0, 1]), np.random.default_rng(0))
     assert len(train) == 1 and len(test) == 1
-    keep = stratified_subsample(np.repeat(np.arange(4), 25), 10, np.random.default_rng(0))
+    y = np.repeat(np.arange(4), 25)
+    keep = stratified_subsample(y, 10, np.random.default_rng(0))
     assert len(keep) == 10 and np.all(np.diff(keep) > 0)
+    assert list(np.bincount(y[keep], minlength=4)) == [3, 3, 2, 2]  # largest remainder, ties by class order
+    x = np.arange(len(y))
+    assert limit_train(x, y, None, 0, 1)[0] is x and limit_train(x, y, 100, 0, 1)[0] is x  # no limit, or not below N
+    small_x, small_y = limit_train(x, y, 10, 0, 1)
+    assert np.array_equal(small_y, y[small_x]) and list(np.bincount(small_y, minlength=4)) == [3, 3, 2, 2]

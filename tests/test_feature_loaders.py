@@ -260,3 +260,12 @@ def test_cwru_layout_errors(tmp_path):
         CWRUBenchmark(FileConfig(benchmark="cwru", root=str(tmp_path), variant="wavelet")).load("1hp")
     with pytest.raises(UserError, match="1hp"):
         CWRUBenchmark(DataConfig(benchmark="cwru", root=str(tmp_path))).load("0hp")
+
+
+def test_every_benchmark_has_a_one_line_description():
+    """``fedsim list`` prints the first docstring line of every registered benchmark."""
+    for name in BENCHMARKS.names():
+        cls = BENCHMARKS.get(name)
+        assert cls.registry_name == name
+        text = cls.description()
+        assert len(text) > 20 and "\n" not in text and text == cls.__doc__.strip().splitlines()[0], name

@@ -11,7 +11,7 @@ import pytest
 pytest.importorskip("tep_studio")
 
 from fedsim.config import DataConfig  # noqa: E402
-from fedsim.data.benchmarks import tep  # noqa: E402
+from fedsim.data.benchmarks import tep, tep_simulation  # noqa: E402
 from fedsim.errors import UserError  # noqa: E402
 
 SHORT = dict(settle_hours=3.0, warmup_hours=0.2)  # the real settings take 60 h; the mechanics are the same
@@ -31,8 +31,8 @@ class TEPConfig(DataConfig):
 @pytest.fixture
 def short_runs(monkeypatch):
     """Make the benchmark simulate short runs (3 h settling, 0.2 h warm-up)."""
-    monkeypatch.setattr(tep, "SETTLE_HOURS", {m: 3.0 for m in tep.MODES})
-    monkeypatch.setattr(tep, "WARMUP_HOURS", 0.2)
+    monkeypatch.setattr(tep_simulation, "SETTLE_HOURS", {m: 3.0 for m in tep.MODES})
+    monkeypatch.setattr(tep_simulation, "WARMUP_HOURS", 0.2)
 
 
 def _separation(x: np.ndarray, y: np.ndarray, label: int) -> float:
@@ -44,23 +44,23 @@ def _separation(x: np.ndarray, y: np.ndarray, label: int) -> float:
 
 def test_simulate_shapes_determinism_and_fault_effect():
     classes = ("normal", "idv_01", "idv_04")
-    x, y = tep.simulate_mode("mode1", classes, 10, seed=0, **SHORT)
+    x, y = tep_simulation.simulate_mode("mode1", classes, 10, seed=0, **SHORT)
     assert x.shape == (30, 53) and x.dtype == np.float32 and np.all(np.isfinite(x))
     assert y.dtype == np.int64 and np.array_equal(y, np.repeat(np.arange(3), 10))
     assert np.all((x[:, 6] > 2600) & (x[:, 6] < 2900))  # XMEAS(7) reactor pressure, kPa
     mvs = x[:, 41:]  # XMV(1..12) in %, three held constant by the Ricker strategy
     assert np.all((mvs >= 0) & (mvs <= 100)) and np.sum(mvs.std(0) > 1e-3) == 9
     np.testing.assert_allclose(mvs[:, [4, 8, 11]], np.broadcast_to([22.21, 47.446, 50.0], (30, 3)), rtol=1e-6)
-    again, _ = tep.simulate_mode("mode1", classes, 10, seed=0, **SHORT)
+    again, _ = tep_simulation.simulate_mode("mode1", classes, 10, seed=0, **SHORT)
     assert np.array_equal(x, again)  # bit-identical for a seed
-    other, _ = tep.simulate_mode("mode1", classes, 10, seed=1, **SHORT)
+    other, _ = tep_simulation.simulate_mode("mode1", classes, 10, seed=1, **SHORT)
     assert not np.array_equal(x, other)
     # Faults move the process well beyond normal variation (step faults: > 5 normal stds within half an hour).
     assert _separation(x, y, 1) > 5 and _separation(x, y, 2) > 5
     # Classes branch with their own noise: two normal runs from one snapshot are not the same samples.
     assert not np.allclose(x[y == 0][:, :22], x[y == 1][:, :22])
     # A class's samples do not depend on which other classes are simulated.
-    alone, _ = tep.simulate_mode("mode1", ("normal", "idv_04"), 10, seed=0, **SHORT)
+    alone, _ = tep_simulation.simulate_mode("mode1", ("normal", "idv_04"), 10, seed=0, **SHORT)
     assert np.array_equal(alone[10:], x[20:])
 
 
@@ -88,14 +88,14 @@ def test_branch_snapshot_restores_controller_and_plant():
     branched, _ = run(50, sim, copy.deepcopy(ctl_copy), meas_copy)
     assert np.array_equal(straight, branched)
     # A reseeded branch continues from the same operating point with other noise.
-    sim.restore(tep._reseeded(snap, 12345, 777))
+    sim.restore(tep_simulation.reseeded(snap, 12345, 777))
     reseeded, _ = run(50, sim, copy.deepcopy(ctl_copy), meas_copy)
     assert not np.allclose(reseeded, straight)
     assert np.all(np.abs(reseeded.mean(0) - straight.mean(0)) <= 0.05 * np.abs(straight.mean(0)) + 0.5)
-    # The generator state sits where tep.py rewrites it (the seed copies next to it are intact).
-    assert tep._reseeded(snap, 12345, 777).model_bytes != snap.model_bytes
+    # The generator state sits where tep_simulation.py rewrites it (the seed copies next to it are intact).
+    assert tep_simulation.reseeded(snap, 12345, 777).model_bytes != snap.model_bytes
     with pytest.raises(RuntimeError, match="layout"):
-        tep._reseeded(snap, 999, 777)
+        tep_simulation.reseeded(snap, 999, 777)
 
 
 def test_benchmark_split_cache_and_subsample(tmp_path, short_runs, monkeypatch):
@@ -111,7 +111,7 @@ def test_benchmark_split_cache_and_subsample(tmp_path, short_runs, monkeypatch):
     def no_simulation(*args, **kwargs):
         raise AssertionError("simulated although the cache holds the mode")
 
-    monkeypatch.setattr(tep, "simulate_mode", no_simulation)
+    monkeypatch.setattr(tep_simulation, "simulate_mode", no_simulation)
     cached = tep.TEPBenchmark(config).load("mode1")
     for field in ("train_x", "train_y", "test_x", "test_y"):
         assert np.array_equal(getattr(cached, field), getattr(dom, field))
@@ -150,6 +150,11 @@ def test_sources_pick_the_source_modes(tmp_path, short_runs):
     assert federation.num_classes == 6 and federation.input_shape == (53,)
     with pytest.raises(UserError, match="mode9"):
         build_federation(DataConfig(benchmark="tep", cache_dir=str(tmp_path), samples_per_class=4, target="mode2", sources=("mode1", "mode9")))
+
+
+def test_description_is_the_docstring_first_line():
+    assert tep.TEPBenchmark.description() == (
+        "Tennessee Eastman process (tep-studio): six operating modes, normal + faults, 53 raw features")
 
 
 def test_feature_names():

@@ -21,16 +21,17 @@ disk and up to ~150 MB as dense float32 in each process that hosts one of its cl
 from __future__ import annotations
 
 import logging
-import zipfile
 from pathlib import Path
 from typing import Optional
 
 import numpy as np
 
 from fedsim.data.base import Benchmark, Domain
-from fedsim.data.benchmarks.office_caltech import check_features, first_line, read_mat, root_folder, split_domain
+from fedsim.data.benchmarks.feature_files import check_features, is_real, read_mat, read_npz, root_folder
+from fedsim.data.benchmarks.options import check_domain, choice
+from fedsim.data.benchmarks.splits import split_named_domain
 from fedsim.errors import UserError
-from fedsim.registry import BENCHMARKS, unknown_name_message
+from fedsim.registry import BENCHMARKS
 
 logger = logging.getLogger(__name__)
 
@@ -48,7 +49,7 @@ def binary_labels(path: Path, key: str, y) -> np.ndarray:
         y = y.reshape(-1)
     if y.ndim != 1:
         raise UserError(f"{path}: {key!r} has shape {y.shape}: it must be a vector of labels")
-    if y.dtype == object or not (np.issubdtype(y.dtype, np.number) or y.dtype == np.bool_) or np.iscomplexobj(y):
+    if not is_real(y):
         raise UserError(f"{path}: {key!r} has dtype {y.dtype}: labels must be numbers (-1/1, 0/1 or 1/2)")
     values = set(np.unique(np.asarray(y, dtype=np.float64)).tolist()) if np.size(y) else set()
     for pair, negative in (({-1.0, 1.0}, -1.0), ({0.0, 1.0}, 0.0), ({1.0, 2.0}, 1.0)):
@@ -101,14 +102,7 @@ def _offsets(path: Path, offset, n: int) -> list[tuple[int, int]]:
 
 def _read_npz(path: Path) -> tuple[np.ndarray, np.ndarray]:
     expected = "arrays x (N x D word counts) and y (N labels -1/1 or 0/1)"
-    if not zipfile.is_zipfile(path):
-        raise UserError(f"cannot read {path}: not a valid .npz file; expected {expected}")
-    try:
-        with np.load(path, allow_pickle=False) as npz:
-            arrays = {k: npz[k] for k in npz.files if k in ("x", "y")}
-            found = list(npz.files)
-    except Exception as exc:
-        raise UserError(f"cannot read {path} ({first_line(exc)}): expected {expected}") from None
+    arrays, found = read_npz(path, expected, keys=("x", "y"))
     if set(arrays) != {"x", "y"}:
         raise UserError(f"{path} lacks the expected arrays (found: {', '.join(found) or 'none'}): expected {expected}")
     x = check_features(path, "x", arrays["x"])
@@ -129,16 +123,12 @@ class AmazonReviewBenchmark(Benchmark):
     def __init__(self, data_config):
         super().__init__(data_config)
         self._documents: Optional[dict[str, tuple[object, np.ndarray, Path]]] = None
-        self._loaded: dict[str, Domain] = {}
 
     def domains(self) -> list[str]:
         return list(DOMAINS)
 
     def variant(self) -> str:
-        variant = str(getattr(self.config, "variant", None) or "default")
-        if variant not in VARIANTS:
-            raise UserError(unknown_name_message("amazon_review variant", variant, list(VARIANTS), "--set data.variant=..."))
-        return variant
+        return choice(self.config, "variant", "amazon_review variant", VARIANTS, "default")
 
     def _read(self) -> dict[str, tuple[object, np.ndarray, Path]]:
         """Per domain: (documents x features, sparse or dense; labels 0/1; the file)."""
@@ -180,15 +170,18 @@ class AmazonReviewBenchmark(Benchmark):
         return documents
 
     def load(self, domain: str) -> Domain:
-        if domain not in DOMAINS:
-            raise UserError(unknown_name_message("domain of benchmark 'amazon_review'", domain, list(DOMAINS), "--target"))
         if domain not in self._loaded:
-            variant = self.variant()
-            x, y, _ = self._read()[domain]
-            dense = np.asarray(x.toarray() if hasattr(x, "toarray") else x, dtype=np.float32)
-            if variant == "binary":
-                dense = (dense > 0).astype(np.float32)
-            elif variant == "log1p":
-                dense = np.log1p(np.maximum(dense, 0.0)).astype(np.float32)
-            self._loaded[domain] = split_domain(domain, dense, y, NUM_CLASSES, self.config)
+            self._loaded[domain] = self.build_domain(domain)
         return self._loaded[domain]
+
+    def build_domain(self, domain: str) -> Domain:
+        """One domain's documents as dense float32 (``data.variant``), split 80/20 stratified by label."""
+        check_domain("amazon_review", domain, DOMAINS)
+        variant = self.variant()
+        x, y, _ = self._read()[domain]
+        dense = np.asarray(x.toarray() if hasattr(x, "toarray") else x, dtype=np.float32)
+        if variant == "binary":
+            dense = (dense > 0).astype(np.float32)
+        elif variant == "log1p":
+            dense = np.log1p(np.maximum(dense, 0.0)).astype(np.float32)
+        return split_named_domain(domain, dense, y, NUM_CLASSES, self.config)

@@ -26,7 +26,7 @@ from typing import Mapping, Optional, Sequence
 import numpy as np
 
 from fedsim.data.base import Benchmark
-from fedsim.data.benchmarks.digits import rng_for
+from fedsim.data.benchmarks.splits import rng_for
 from fedsim.data.detection import Annotations, DetectionDomain, check_boxes
 from fedsim.errors import UserError
 from fedsim.registry import BENCHMARKS
@@ -101,7 +101,6 @@ class CocoBenchmark(Benchmark):
 
     def __init__(self, data_config):
         super().__init__(data_config)
-        self._loaded: dict[str, DetectionDomain] = {}
         self._json: dict[str, dict] = {}
         self._classes: Optional[tuple[str, ...]] = None
 
@@ -148,86 +147,103 @@ class CocoBenchmark(Benchmark):
 
     def load(self, domain: str) -> DetectionDomain:
         if domain not in self._loaded:
-            if domain not in self.domains():
-                raise UserError(f"unknown domain {domain!r} for benchmark 'coco' in {self._root()}: choose one of {', '.join(self.domains())}")
-            self._loaded[domain] = self._make_domain(domain)
+            self._loaded[domain] = self.build_domain(domain)
         return self._loaded[domain]
 
-    def _make_domain(self, domain: str) -> DetectionDomain:
-        from PIL import Image
-
+    def build_domain(self, domain: str) -> DetectionDomain:
+        """One domain's images resized to S x S with their boxes, split by the records' ``split`` or 80/20."""
+        if domain not in self.domains():
+            raise UserError(f"unknown domain {domain!r} for benchmark 'coco' in {self._root()}: choose one of {', '.join(self.domains())}")
         size = parse_size(self.config.variant)
         folder = self._root() / domain
-        path = folder / ANNOTATIONS
         coco = self._coco(domain)
         classes = self.classes()
-        cat_to_class = {int(c["id"]): classes.index(str(c["name"])) for c in coco["categories"]}
-        boxes: dict[int, list] = {}
-        labels: dict[int, list] = {}
-        image_ids = []
-        for record in coco["images"]:
-            if not isinstance(record, dict) or "id" not in record or "file_name" not in record:
-                raise UserError(f"{path}: every image needs an 'id' and a 'file_name', got {record!r}")
-            image_ids.append(int(record["id"]))
-        known = set(image_ids)
-        for ann in coco["annotations"]:
-            where = f"{path}: annotation {ann.get('id', '?') if isinstance(ann, dict) else ann!r}"
-            if not isinstance(ann, dict) or not {"image_id", "category_id", "bbox"} <= set(ann):
-                raise UserError(f"{where} needs 'image_id', 'category_id' and 'bbox'")
-            if int(ann["category_id"]) not in cat_to_class:
-                raise UserError(f"{where} has category_id {ann['category_id']}, which is not under 'categories': add the category or fix the id")
-            if int(ann["image_id"]) not in known:
-                raise UserError(f"{where} refers to image_id {ann['image_id']}, which is not under 'images'")
-            if ann.get("iscrowd", 0):
-                continue
-            bbox = ann["bbox"]
-            if not isinstance(bbox, (list, tuple)) or len(bbox) != 4:
-                raise UserError(f"{where} has bbox {bbox!r}: write it as [x, y, width, height]")
-            x, y, w, h = (float(v) for v in bbox)
-            boxes.setdefault(int(ann["image_id"]), []).append([x, y, x + w, y + h])
-            labels.setdefault(int(ann["image_id"]), []).append(cat_to_class[int(ann["category_id"])])
-        splits: dict[str, list] = {"train": [], "test": []}
-        unsplit = []
-        for record in coco["images"]:
-            split = record.get("split")
-            if split is None:
-                unsplit.append(record)
-            elif split in splits:
-                splits[split].append(record)
-            else:
-                raise UserError(f"{path}: image {record['id']} has split {split!r}: use 'train' or 'test' (or leave it out)")
-        if unsplit:
-            order = rng_for(self.config.seed, _KEY_SPLIT).permutation(len(unsplit))
-            n_test = int(round(TEST_FRACTION * len(unsplit)))
-            splits["test"] += [unsplit[i] for i in sorted(order[:n_test])]
-            splits["train"] += [unsplit[i] for i in sorted(order[n_test:])]
+        targets = _targets_by_image(folder / ANNOTATIONS, coco, classes)
         arrays = {}
-        for split, records in splits.items():
-            images, split_boxes, split_labels = [], [], []
-            for record in records:
-                file = folder / IMAGES / str(record["file_name"])
-                if not file.is_file():
-                    raise UserError(f"{path}: image file {file} is missing: put it under {folder / IMAGES} or fix 'file_name'")
-                try:
-                    with Image.open(file) as im:
-                        rgb = im.convert("RGB")
-                        width, height = rgb.size
-                        resized = rgb if (width, height) == (size, size) else rgb.resize((size, size), Image.BILINEAR)
-                        images.append(np.asarray(resized, dtype=np.uint8).transpose(2, 0, 1))
-                except OSError as exc:
-                    raise UserError(f"{path}: image file {file} cannot be read ({exc}): replace it") from None
-                b = np.asarray(boxes.get(int(record["id"]), []), dtype=np.float64).reshape(-1, 4)
-                lab = np.asarray(labels.get(int(record["id"]), []), dtype=np.int64)
-                check_boxes(b, lab, height, width, len(classes), f"{path}: image {record['id']} ({record['file_name']})")
-                b = b * np.array([size / width, size / height, size / width, size / height])
-                split_boxes.append(b.astype(np.float32))
-                split_labels.append(lab)
-            if not images:
-                raise UserError(f"{path}: no {split} images: mark some images with \"split\": \"{split}\" or remove the 'split' fields")
-            arrays[split] = (np.stack(images), Annotations.from_lists(split_boxes, split_labels))
+        for split, records in _split_records(folder / ANNOTATIONS, coco["images"], self.config.seed).items():
+            arrays[split] = _read_split(folder, split, records, targets, size, len(classes))
         train_x, train = arrays["train"]
         test_x, test = arrays["test"]
         return DetectionDomain.from_uint8(
             domain, train_x, train, test_x, test, classes,
             subsample_limit=self.config.max_train_per_domain, subsample_rng=rng_for(self.config.seed, _KEY_SUBSAMPLE),
         )
+
+
+def _targets_by_image(path: Path, coco: dict, classes: tuple[str, ...]) -> dict[int, tuple[list, list]]:
+    """{image id: (boxes x1 y1 x2 y2, class indices)} of the non-crowd annotations, every reference checked."""
+    cat_to_class = {int(c["id"]): classes.index(str(c["name"])) for c in coco["categories"]}
+    known = set()
+    for record in coco["images"]:
+        if not isinstance(record, dict) or "id" not in record or "file_name" not in record:
+            raise UserError(f"{path}: every image needs an 'id' and a 'file_name', got {record!r}")
+        known.add(int(record["id"]))
+    targets: dict[int, tuple[list, list]] = {}
+    for ann in coco["annotations"]:
+        where = f"{path}: annotation {ann.get('id', '?') if isinstance(ann, dict) else ann!r}"
+        if not isinstance(ann, dict) or not {"image_id", "category_id", "bbox"} <= set(ann):
+            raise UserError(f"{where} needs 'image_id', 'category_id' and 'bbox'")
+        if int(ann["category_id"]) not in cat_to_class:
+            raise UserError(f"{where} has category_id {ann['category_id']}, which is not under 'categories': add the category or fix the id")
+        if int(ann["image_id"]) not in known:
+            raise UserError(f"{where} refers to image_id {ann['image_id']}, which is not under 'images'")
+        if ann.get("iscrowd", 0):
+            continue
+        bbox = ann["bbox"]
+        if not isinstance(bbox, (list, tuple)) or len(bbox) != 4:
+            raise UserError(f"{where} has bbox {bbox!r}: write it as [x, y, width, height]")
+        x, y, w, h = (float(v) for v in bbox)
+        boxes, labels = targets.setdefault(int(ann["image_id"]), ([], []))
+        boxes.append([x, y, x + w, y + h])
+        labels.append(cat_to_class[int(ann["category_id"])])
+    return targets
+
+
+def _split_records(path: Path, records: list, seed: int) -> dict[str, list]:
+    """Image records by split: their own ``split`` field, the others 80/20 from ``data.seed``."""
+    splits: dict[str, list] = {"train": [], "test": []}
+    unsplit = []
+    for record in records:
+        split = record.get("split")
+        if split is None:
+            unsplit.append(record)
+        elif split in splits:
+            splits[split].append(record)
+        else:
+            raise UserError(f"{path}: image {record['id']} has split {split!r}: use 'train' or 'test' (or leave it out)")
+    if unsplit:
+        order = rng_for(seed, _KEY_SPLIT).permutation(len(unsplit))
+        n_test = int(round(TEST_FRACTION * len(unsplit)))
+        splits["test"] += [unsplit[i] for i in sorted(order[:n_test])]
+        splits["train"] += [unsplit[i] for i in sorted(order[n_test:])]
+    return splits
+
+
+def _read_split(folder: Path, split: str, records: list, targets: dict, size: int, num_classes: int) -> tuple[np.ndarray, Annotations]:
+    """The images of ``records`` as uint8 (N, 3, size, size) and their boxes scaled to that size."""
+    from PIL import Image
+
+    path = folder / ANNOTATIONS
+    images, split_boxes, split_labels = [], [], []
+    for record in records:
+        file = folder / IMAGES / str(record["file_name"])
+        if not file.is_file():
+            raise UserError(f"{path}: image file {file} is missing: put it under {folder / IMAGES} or fix 'file_name'")
+        try:
+            with Image.open(file) as im:
+                rgb = im.convert("RGB")
+                width, height = rgb.size
+                resized = rgb if (width, height) == (size, size) else rgb.resize((size, size), Image.BILINEAR)
+                images.append(np.asarray(resized, dtype=np.uint8).transpose(2, 0, 1))
+        except OSError as exc:
+            raise UserError(f"{path}: image file {file} cannot be read ({exc}): replace it") from None
+        boxes, labels = targets.get(int(record["id"]), ([], []))
+        b = np.asarray(boxes, dtype=np.float64).reshape(-1, 4)
+        lab = np.asarray(labels, dtype=np.int64)
+        check_boxes(b, lab, height, width, num_classes, f"{path}: image {record['id']} ({record['file_name']})")
+        b = b * np.array([size / width, size / height, size / width, size / height])
+        split_boxes.append(b.astype(np.float32))
+        split_labels.append(lab)
+    if not images:
+        raise UserError(f"{path}: no {split} images: mark some images with \"split\": \"{split}\" or remove the 'split' fields")
+    return np.stack(images), Annotations.from_lists(split_boxes, split_labels)

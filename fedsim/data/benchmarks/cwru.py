@@ -30,9 +30,11 @@ from typing import Optional
 import numpy as np
 
 from fedsim.data.base import Benchmark, Domain
-from fedsim.data.benchmarks.office_caltech import read_mat, root_folder, split_domain
+from fedsim.data.benchmarks.feature_files import read_mat, root_folder
+from fedsim.data.benchmarks.options import check_domain, choice, count
+from fedsim.data.benchmarks.splits import split_named_domain
 from fedsim.errors import UserError
-from fedsim.registry import BENCHMARKS, unknown_name_message
+from fedsim.registry import BENCHMARKS
 
 logger = logging.getLogger(__name__)
 
@@ -125,27 +127,16 @@ class CWRUBenchmark(Benchmark):
     def __init__(self, data_config):
         super().__init__(data_config)
         self._files: Optional[dict[str, dict[str, tuple[Path, Optional[str]]]]] = None
-        self._loaded: dict[str, Domain] = {}
 
     # ------------------------------------------------------------------ settings
 
     @property
     def features(self) -> str:
-        variant = str(getattr(self.config, "variant", None) or "fft")
-        if variant == "default":
-            variant = "fft"
-        if variant not in FEATURES:
-            raise UserError(unknown_name_message("cwru feature kind", variant, list(FEATURES), "--set data.variant=..."))
-        return variant
+        return choice(self.config, "variant", "cwru feature kind", FEATURES, "fft", aliases={"default": "fft"})
 
     @property
     def windows_per_class(self) -> Optional[int]:
-        value = getattr(self.config, "samples_per_class", None)
-        if value is None:
-            return None
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 2:
-            raise UserError(f"data.samples_per_class must be an integer of at least 2 for the cwru benchmark, got {value!r}")
-        return int(value)
+        return count(self.config, "samples_per_class", "cwru")
 
     # ------------------------------------------------------------------ files
 
@@ -203,21 +194,23 @@ class CWRUBenchmark(Benchmark):
     # ------------------------------------------------------------------ domains
 
     def load(self, domain: str) -> Domain:
-        files = self.files()
-        if domain not in files:
-            raise UserError(unknown_name_message("domain of benchmark 'cwru'", domain, self.domains(), "--target"))
         if domain not in self._loaded:
-            xs, ys = [], []
-            kind, count = self.features, self.windows_per_class
-            for label, cls in enumerate(self.classes):
-                path, number = files[domain][cls]
-                signal = _de_signal(path, number)
-                starts = window_starts(len(signal), WINDOW, count)
-                xs.append(window_features(signal, starts, WINDOW, kind))
-                ys.append(np.full(len(starts), label, dtype=np.int64))
-            x, y = np.concatenate(xs), np.concatenate(ys)
-            logger.info("cwru %s: %d windows of %d samples (%s features), %s", domain, len(y), WINDOW, kind,
-                        ", ".join(f"{c} {n}" for c, n in zip(self.classes, np.bincount(y, minlength=len(self.classes)))))
-            self._loaded[domain] = split_domain(domain, x, y, len(self.classes), self.config)
+            self._loaded[domain] = self.build_domain(domain)
         return self._loaded[domain]
 
+    def build_domain(self, domain: str) -> Domain:
+        """One load's windows of every class, split 80/20 stratified by class from ``data.seed``."""
+        files = self.files()
+        check_domain("cwru", domain, self.domains())
+        xs, ys = [], []
+        kind, windows = self.features, self.windows_per_class
+        for label, cls in enumerate(self.classes):
+            path, number = files[domain][cls]
+            signal = _de_signal(path, number)
+            starts = window_starts(len(signal), WINDOW, windows)
+            xs.append(window_features(signal, starts, WINDOW, kind))
+            ys.append(np.full(len(starts), label, dtype=np.int64))
+        x, y = np.concatenate(xs), np.concatenate(ys)
+        logger.info("cwru %s: %d windows of %d samples (%s features), %s", domain, len(y), WINDOW, kind,
+                    ", ".join(f"{c} {n}" for c, n in zip(self.classes, np.bincount(y, minlength=len(self.classes)))))
+        return split_named_domain(domain, x, y, len(self.classes), self.config)

@@ -11,7 +11,6 @@ first use and any problem is reported as one line naming the file.
 """
 from __future__ import annotations
 
-import hashlib
 import logging
 import zipfile
 from pathlib import Path
@@ -20,7 +19,8 @@ from typing import Optional
 import numpy as np
 
 from fedsim.data.base import Benchmark, Domain
-from fedsim.data.benchmarks.digits import rng_for, stratified_split, stratified_subsample
+from fedsim.data.benchmarks.feature_files import first_line, is_real, root_folder
+from fedsim.data.benchmarks.splits import feature_domain, limit_train, named_streams, split_named_domain
 from fedsim.data.validation import finite_float32
 from fedsim.errors import UserError
 from fedsim.registry import BENCHMARKS
@@ -28,13 +28,6 @@ from fedsim.registry import BENCHMARKS
 logger = logging.getLogger(__name__)
 
 _HOW = "save each domain with numpy.savez(path, x=features, y=labels)"
-_KEY_SPLIT = 1
-_KEY_SUBSAMPLE = 2
-
-
-def _domain_key(name: str) -> int:
-    """A stable integer per domain name (Python's hash() differs between processes)."""
-    return int.from_bytes(hashlib.sha256(name.encode("utf-8")).digest()[:4], "little")
 
 
 @BENCHMARKS.register("npz")
@@ -49,29 +42,11 @@ class NpzBenchmark(Benchmark):
         super().__init__(data_config)
         self._raw: Optional[dict[str, dict[str, np.ndarray]]] = None  # per domain: x, y[, x_test, y_test]
         self._num_classes: Optional[int] = None
-        self._loaded: dict[str, Domain] = {}
 
     # ------------------------------------------------------------------ files
 
     def _root(self) -> Path:
-        root = self.config.root
-        if root is None or str(root).strip() == "":
-            raise UserError(
-                "the npz benchmark needs a folder of <domain>.npz files: pass --set data.root=DIR "
-                "(each file with arrays x and y)"
-            )
-        path = Path(root).expanduser()
-        if not path.exists():
-            raise UserError(
-                f"data.root {str(path)!r} does not exist: create it and put one <domain>.npz per domain in it "
-                "(arrays x and y), or pass --set data.root=DIR pointing to such a folder"
-            )
-        if not path.is_dir():
-            raise UserError(
-                f"data.root {str(path)!r} is not a folder: pass --set data.root=DIR, a folder holding one "
-                "<domain>.npz per domain (arrays x and y)"
-            )
-        return path
+        return root_folder(self.config, "npz", "one <domain>.npz per domain (arrays x and y)")
 
     def _files(self) -> dict[str, Path]:
         root = self._root()
@@ -142,40 +117,25 @@ class NpzBenchmark(Benchmark):
     # ------------------------------------------------------------------ domains
 
     def load(self, domain: str) -> Domain:
+        if domain not in self._loaded:
+            self._loaded[domain] = self.build_domain(domain)
+        return self._loaded[domain]
+
+    def build_domain(self, domain: str) -> Domain:
+        """One domain: its own test split when the file has one, else 80/20 stratified from ``data.seed``."""
         self.validate()
-        assert self._raw is not None
+        assert self._raw is not None and self._num_classes is not None
         if domain not in self._raw:
             raise UserError(
                 f"unknown domain {domain!r} for benchmark 'npz': choose one of {', '.join(sorted(self._raw))} "
                 f"(the .npz files in {str(self._root())!r})"
             )
-        if domain not in self._loaded:
-            self._loaded[domain] = self._make_domain(domain)
-        return self._loaded[domain]
-
-    def _make_domain(self, domain: str) -> Domain:
-        assert self._raw is not None and self._num_classes is not None
         arrays = self._raw[domain]
-        seed = int(self.config.seed)
-        key = _domain_key(domain)
-        x, y = arrays["x"], arrays["y"]
-        if "x_test" in arrays:
-            train_x, train_y, test_x, test_y = x, y, arrays["x_test"], arrays["y_test"]
-        else:
-            train_idx, test_idx = stratified_split(y, rng_for(seed, key * 4 + _KEY_SPLIT))
-            train_x, train_y, test_x, test_y = x[train_idx], y[train_idx], x[test_idx], y[test_idx]
-        limit = self.config.max_train_per_domain
-        if limit is not None and limit < len(train_y):
-            keep = stratified_subsample(train_y, int(limit), rng_for(seed, key * 4 + _KEY_SUBSAMPLE))
-            train_x, train_y = train_x[keep], train_y[keep]
-        return Domain(
-            name=domain,
-            train_x=np.ascontiguousarray(train_x, dtype=np.float32),
-            train_y=np.ascontiguousarray(train_y, dtype=np.int64),
-            test_x=np.ascontiguousarray(test_x, dtype=np.float32),
-            test_y=np.ascontiguousarray(test_y, dtype=np.int64),
-            num_classes=self._num_classes,
-        )
+        if "x_test" not in arrays:
+            return split_named_domain(domain, arrays["x"], arrays["y"], self._num_classes, self.config)
+        _, subsample_key = named_streams(domain)
+        train_x, train_y = limit_train(arrays["x"], arrays["y"], self.config.max_train_per_domain, self.config.seed, subsample_key)
+        return feature_domain(domain, train_x, train_y, arrays["x_test"], arrays["y_test"], self._num_classes)
 
 
 def _read_file(path: Path) -> dict[str, np.ndarray]:
@@ -196,8 +156,7 @@ def _read_file(path: Path) -> dict[str, np.ndarray]:
             raise UserError(f"{path} holds object (pickled) arrays: store plain numeric arrays; {_HOW}") from None
         raise UserError(f"cannot read {path}: not a valid .npz file ({exc}); {_HOW}") from None
     except Exception as exc:  # bad zip, truncated file, permission denied, ...
-        detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise UserError(f"cannot read {path}: not a valid .npz file ({detail}); {_HOW}") from None
+        raise UserError(f"cannot read {path}: not a valid .npz file ({first_line(exc)}); {_HOW}") from None
     for key in ("x", "y"):
         if key not in arrays:
             listed = ", ".join(found) if found else "none"
@@ -233,7 +192,7 @@ def _check_x(path: Path, key: str, x: np.ndarray) -> np.ndarray:
         raise UserError(
             f"{path}: {key} has shape {x.shape}: it must be 2-D (N x D features) or 4-D (N x C x H x W images)"
         )
-    if not (np.issubdtype(x.dtype, np.number) or x.dtype == np.bool_) or np.issubdtype(x.dtype, np.complexfloating):
+    if not is_real(x):
         raise UserError(f"{path}: {key} has dtype {x.dtype}: it must hold real numbers (float or int)")
     return finite_float32(path, key, x)
 

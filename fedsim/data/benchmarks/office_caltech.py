@@ -20,9 +20,7 @@ from ``data.seed``; features are returned raw (see :mod:`fedsim.data.normalizati
 """
 from __future__ import annotations
 
-import hashlib
 import logging
-import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
@@ -30,17 +28,16 @@ from typing import Optional
 import numpy as np
 
 from fedsim.data.base import Benchmark, Domain
-from fedsim.data.benchmarks.digits import rng_for, stratified_split, stratified_subsample
-from fedsim.data.validation import finite_float32
+from fedsim.data.benchmarks.feature_files import check_features, check_labels, first_line, read_mat, read_npz, root_folder
+from fedsim.data.benchmarks.options import check_domain, choice
+from fedsim.data.benchmarks.splits import split_named_domain
 from fedsim.errors import UserError
-from fedsim.registry import BENCHMARKS, unknown_name_message
+from fedsim.registry import BENCHMARKS
 
 logger = logging.getLogger(__name__)
 
 DOMAINS: tuple[str, ...] = ("amazon", "caltech", "dslr", "webcam")
 NUM_CLASSES = 10
-_KEY_SPLIT = 1
-_KEY_SUBSAMPLE = 2
 
 
 @dataclass(frozen=True)
@@ -64,92 +61,6 @@ FORMS: dict[str, FeatureForm] = {
 }
 AUTO_ORDER = ("decaf", "resnet50", "surf")
 _ALIASES = {"caltech": ("caltech", "Caltech10")}  # the SURF release names it Caltech10_SURF_L10.mat
-
-
-def domain_key(name: str) -> int:
-    """A stable integer per domain name (Python's hash() differs between processes)."""
-    return int.from_bytes(hashlib.sha256(name.encode("utf-8")).digest()[:4], "little")
-
-
-# ----------------------------------------------------------------------------- file reading (shared with cwru)
-
-
-def first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
-
-
-def read_mat(path: Path, expected: str) -> dict[str, np.ndarray]:
-    """Variables of a MATLAB file (v4-v7); any problem is one UserError naming the file and ``expected``."""
-    import scipy.io
-
-    try:
-        raw = scipy.io.loadmat(str(path))
-    except NotImplementedError:  # scipy's answer for v7.3 (HDF5) files
-        raise UserError(
-            f"{path} is a MATLAB v7.3 (HDF5) file, which scipy cannot read: re-save it in MATLAB with "
-            f"save(name, ..., '-v7'); expected {expected}"
-        ) from None
-    except Exception as exc:  # truncated, not a .mat, permission denied, ...
-        raise UserError(f"cannot read {path} as a MATLAB .mat file ({first_line(exc)}): expected {expected}") from None
-    return {k: v for k, v in raw.items() if not k.startswith("__")}
-
-
-def check_features(path: Path, key: str, x: np.ndarray) -> np.ndarray:
-    """A 2-D real matrix with finite values, as float32."""
-    x = np.asarray(x)
-    if x.dtype == object or not (np.issubdtype(x.dtype, np.number) or x.dtype == np.bool_) or np.iscomplexobj(x):
-        raise UserError(f"{path}: {key!r} has dtype {x.dtype}: it must hold real numbers (samples x features)")
-    if x.ndim != 2 or min(x.shape) == 0:
-        raise UserError(f"{path}: {key!r} has shape {x.shape}: it must be a samples x features matrix")
-    return finite_float32(path, key, x)
-
-
-def check_labels(path: Path, key: str, y: np.ndarray) -> np.ndarray:
-    """A vector (N, 1 x N or N x 1) of non-negative integers, as int64."""
-    y = np.asarray(y)
-    if y.ndim == 2 and 1 in y.shape:
-        y = y.reshape(-1)
-    if y.ndim != 1:
-        raise UserError(f"{path}: {key!r} has shape {y.shape}: it must be a vector of integer labels")
-    if y.dtype == object or not (np.issubdtype(y.dtype, np.number) or y.dtype == np.bool_) or np.iscomplexobj(y):
-        raise UserError(f"{path}: {key!r} has dtype {y.dtype}: labels must be integers")
-    yf = y.astype(np.float64)
-    if not np.all(np.isfinite(yf)) or np.any(yf != np.round(yf)) or np.any(yf < 0):
-        bad = yf[~np.isfinite(yf) | (yf != np.round(yf)) | (yf < 0)][0]
-        raise UserError(f"{path}: {key!r} holds label {bad!r}: labels must be non-negative integers")
-    return yf.astype(np.int64)
-
-
-def split_domain(name: str, x: np.ndarray, y: np.ndarray, num_classes: int, config) -> Domain:
-    """80/20 split stratified by label from ``data.seed``, then ``max_train_per_domain``."""
-    seed = int(config.seed)
-    key = domain_key(name)
-    train_idx, test_idx = stratified_split(y, rng_for(seed, key * 4 + _KEY_SPLIT))
-    train_x, train_y = x[train_idx], y[train_idx]
-    limit = config.max_train_per_domain
-    if limit is not None and limit < len(train_y):
-        keep = stratified_subsample(train_y, int(limit), rng_for(seed, key * 4 + _KEY_SUBSAMPLE))
-        train_x, train_y = train_x[keep], train_y[keep]
-    return Domain(
-        name=name,
-        train_x=np.ascontiguousarray(train_x, dtype=np.float32),
-        train_y=np.ascontiguousarray(train_y, dtype=np.int64),
-        test_x=np.ascontiguousarray(x[test_idx], dtype=np.float32),
-        test_y=np.ascontiguousarray(y[test_idx], dtype=np.int64),
-        num_classes=num_classes,
-    )
-
-
-def root_folder(config, benchmark: str, what: str) -> Path:
-    root = getattr(config, "root", None)
-    if root is None or str(root).strip() == "":
-        raise UserError(f"the {benchmark} benchmark reads files you provide: pass --set data.root=DIR, a folder holding {what}")
-    path = Path(str(root)).expanduser()
-    if not path.is_dir():
-        state = "does not exist" if not path.exists() else "is not a folder"
-        raise UserError(f"data.root {str(path)!r} {state}: pass --set data.root=DIR, a folder holding {what}")
-    return path
 
 
 # ----------------------------------------------------------------------------- this benchmark
@@ -183,13 +94,7 @@ def _read_csv(path: Path) -> tuple[np.ndarray, np.ndarray]:
 
 def _read_npz(path: Path, form: FeatureForm) -> tuple[np.ndarray, np.ndarray]:
     expected = "arrays x (N x D features) and y (N labels)"
-    if not zipfile.is_zipfile(path):
-        raise UserError(f"cannot read {path}: not a valid .npz file; expected {expected}")
-    try:
-        with np.load(path, allow_pickle=False) as npz:
-            arrays = {k: npz[k] for k in npz.files}
-    except Exception as exc:
-        raise UserError(f"cannot read {path} ({first_line(exc)}): expected {expected}") from None
+    arrays, _ = read_npz(path, expected)
     return _pick(path, arrays, form, expected)
 
 
@@ -218,7 +123,6 @@ class OfficeCaltechBenchmark(Benchmark):
     def __init__(self, data_config):
         super().__init__(data_config)
         self._arrays: Optional[dict[str, tuple[np.ndarray, np.ndarray]]] = None
-        self._loaded: dict[str, Domain] = {}
 
     def domains(self) -> list[str]:
         return list(DOMAINS)
@@ -226,13 +130,9 @@ class OfficeCaltechBenchmark(Benchmark):
     # ------------------------------------------------------------------ files
 
     def _form_names(self) -> tuple[str, ...]:
-        variant = str(getattr(self.config, "variant", None) or "auto")
-        if variant in ("auto", "default"):
-            return AUTO_ORDER
-        if variant not in FORMS:
-            raise UserError(unknown_name_message("office_caltech feature form", variant, ["auto"] + sorted(FORMS),
-                                                 "--set data.variant=..."))
-        return (variant,)
+        variant = choice(self.config, "variant", "office_caltech feature form", ["auto"] + sorted(FORMS), "auto",
+                         aliases={"default": "auto"})
+        return AUTO_ORDER if variant == "auto" else (variant,)
 
     def files(self) -> tuple[FeatureForm, dict[str, Path]]:
         """The feature form in use and its file per domain; one UserError line if incomplete."""
@@ -299,9 +199,12 @@ class OfficeCaltechBenchmark(Benchmark):
         return arrays
 
     def load(self, domain: str) -> Domain:
-        if domain not in DOMAINS:
-            raise UserError(unknown_name_message("domain of benchmark 'office_caltech'", domain, list(DOMAINS), "--target"))
         if domain not in self._loaded:
-            x, y = self._read_all()[domain]
-            self._loaded[domain] = split_domain(domain, x, y, NUM_CLASSES, self.config)
+            self._loaded[domain] = self.build_domain(domain)
         return self._loaded[domain]
+
+    def build_domain(self, domain: str) -> Domain:
+        """One domain's features, split 80/20 stratified by label from ``data.seed``."""
+        check_domain("office_caltech", domain, DOMAINS)
+        x, y = self._read_all()[domain]
+        return split_named_domain(domain, x, y, NUM_CLASSES, self.config)

@@ -35,7 +35,7 @@ Sizes (``data.variant``): ``default`` is 128 x 128 pixels, 400 + 100 server imag
 is drawn from ``np.random.SeedSequence([data.seed, domain key])`` and cached under
 ``data.cache_dir``; :func:`export_coco` writes any variant as COCO JSON + PNG files
 that the ``coco`` benchmark reads back bit for bit. The drawing itself lives in
-:mod:`fedsim.data.benchmarks._scenes_render`.
+:mod:`fedsim.data.benchmarks.scenes_render`.
 """
 from __future__ import annotations
 
@@ -47,11 +47,11 @@ from typing import Optional
 import numpy as np
 
 from fedsim.data.base import Benchmark
-from fedsim.data.benchmarks._scenes_render import CLASSES, SERVER_DOMAIN, SPECS, VARIANTS, VERSION, render_domain
-from fedsim.data.benchmarks.digits import rng_for
+from fedsim.data.benchmarks.options import check_domain, choice
+from fedsim.data.benchmarks.scenes_render import CLASSES, SERVER_DOMAIN, SPECS, VARIANTS, VERSION, render_domain
+from fedsim.data.benchmarks.splits import rng_for
 from fedsim.data.cache import load_arrays, save_arrays
 from fedsim.data.detection import Annotations, DetectionDomain
-from fedsim.errors import UserError
 from fedsim.registry import BENCHMARKS
 
 logger = logging.getLogger(__name__)
@@ -75,10 +75,7 @@ class ScenesBenchmark(Benchmark):
 
     def __init__(self, data_config):
         super().__init__(data_config)
-        if data_config.variant not in VARIANTS:
-            raise UserError(f"unknown variant {data_config.variant!r} of benchmark 'scenes': choose one of {', '.join(VARIANTS)} with --set data.variant=...")
-        self.variant = VARIANTS[data_config.variant]
-        self._loaded: dict[str, DetectionDomain] = {}
+        self.variant = VARIANTS[choice(data_config, "variant", "variant of benchmark 'scenes'", VARIANTS, "default")]
 
     def domains(self) -> list[str]:
         return list(self.DOMAINS)
@@ -88,8 +85,7 @@ class ScenesBenchmark(Benchmark):
 
     def build_arrays(self, domain: str) -> dict[str, np.ndarray]:
         """The full uint8 arrays of one domain, from the cache or built and cached."""
-        if domain not in SPECS:
-            raise UserError(f"unknown domain {domain!r} for benchmark 'scenes': choose one of {', '.join(self.DOMAINS)}")
+        check_domain("scenes", domain, self.DOMAINS)
         name = self.cache_name(domain)
         arrays = load_arrays(self.config.cache_dir, name)
         if arrays is not None:
@@ -102,10 +98,11 @@ class ScenesBenchmark(Benchmark):
 
     def load(self, domain: str) -> DetectionDomain:
         if domain not in self._loaded:
-            self._loaded[domain] = self._make_domain(domain)
+            self._loaded[domain] = self.build_domain(domain)
         return self._loaded[domain]
 
-    def _make_domain(self, domain: str) -> DetectionDomain:
+    def build_domain(self, domain: str) -> DetectionDomain:
+        """One domain's images and boxes, its training part cut to ``data.max_train_per_domain``."""
         arrays = self.build_arrays(domain)
         train_x = arrays["train_x"]
         return DetectionDomain.from_uint8(

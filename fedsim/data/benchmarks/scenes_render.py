@@ -2,19 +2,20 @@
 
 :func:`render_domain` turns a domain name, a :class:`Variant` and a seed into uint8 images
 and exact boxes; the benchmark class, its cache and the COCO export live in
-:mod:`fedsim.data.benchmarks.scenes`, whose docstring describes the scenes. The module
-name starts with ``_`` so that the benchmark registry does not list it as a benchmark.
+:mod:`fedsim.data.benchmarks.scenes`, whose docstring describes the scenes.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
-from pathlib import Path
 from typing import Optional
 
 import numpy as np
 
-from fedsim.data.benchmarks.digits import _mnist_source, _package_dir, rng_for
+from fedsim.data.benchmarks.package_images import (
+    SKLEARN_PHOTOS, luminance, mnist_source, open_rgb, skimage_file, sklearn_photo,
+)
+from fedsim.data.benchmarks.splits import rng_for
 from fedsim.data.detection import Annotations
 from fedsim.errors import UserError
 
@@ -63,31 +64,16 @@ _FARM_TEXTURES = {"grass.png": (0.45, 0.75, 0.30), "gravel.png": (0.80, 0.72, 0.
 # ----------------------------------------------------------------------------- sources
 
 
-def _open_rgb(path: Path) -> np.ndarray:
-    from PIL import Image
-
-    with Image.open(path) as im:
-        return np.asarray(im.convert("RGB"), dtype=np.uint8)
-
-
 @lru_cache(maxsize=1)
 def _backgrounds() -> dict[str, list[np.ndarray]]:
     """Float RGB photos in [0, 1]: ``city`` (colour photos) and ``farm`` (colourised textures)."""
-    skimage_dir = _package_dir("skimage")
-    sklearn_dir = _package_dir("sklearn")
-    city, farm = [], []
-    for name in _CITY_PHOTOS:
-        path = skimage_dir / "data" / name if skimage_dir else None
-        if path is not None and path.is_file():
-            city.append(_open_rgb(path).astype(np.float32) / 255.0)
-    for name in ("china.jpg", "flower.jpg"):
-        path = sklearn_dir / "datasets" / "images" / name if sklearn_dir else None
-        if path is not None and path.is_file():
-            city.append(_open_rgb(path).astype(np.float32) / 255.0)
+    paths = [skimage_file(name) for name in _CITY_PHOTOS] + [sklearn_photo(name) for name in SKLEARN_PHOTOS]
+    city = [open_rgb(path).astype(np.float32) / 255.0 for path in paths if path is not None]
+    farm = []
     for name, tint in _FARM_TEXTURES.items():
-        path = skimage_dir / "data" / name if skimage_dir else None
-        if path is not None and path.is_file():
-            grey = _open_rgb(path).astype(np.float32).mean(axis=2, keepdims=True) / 255.0
+        path = skimage_file(name)
+        if path is not None:
+            grey = open_rgb(path).astype(np.float32).mean(axis=2, keepdims=True) / 255.0
             farm.append(np.clip(grey * np.asarray(tint, np.float32) * 1.25, 0, 1))
     if len(city) < 2 or len(farm) < 2:
         raise UserError(
@@ -116,7 +102,7 @@ def _sprites() -> dict[str, list[Sprite]]:
     from scipy import ndimage as ndi
     from skimage import filters, measure, segmentation
 
-    images, _ = _mnist_source()
+    images, _ = mnist_source()
     digits = [_crop_to_mask(np.ones(img.shape, np.float32), img.astype(np.float32) / 255.0) for img in images[:2000]]
 
     coins_img = skimage.data.coins()
@@ -164,17 +150,13 @@ def _background(rng: np.random.Generator, kinds: tuple[str, ...], size: int) -> 
     return np.clip(out, 0, 1)
 
 
-def _luminance(rgb: np.ndarray) -> float:
-    return float(0.299 * rgb[0] + 0.587 * rgb[1] + 0.114 * rgb[2])
-
-
 def _colour(cls: str, rng: np.random.Generator, under: np.ndarray) -> np.ndarray:
     """(h, w, 3) colour layer of an object given the background ``under`` it."""
     if cls == "digit":
-        lum = _luminance(under.reshape(-1, 3).mean(axis=0))
+        lum = luminance(under.reshape(-1, 3).mean(axis=0))
         for _ in range(50):
             colour = rng.uniform(0, 1, 3).astype(np.float32)
-            if abs(_luminance(colour) - lum) >= 0.35:
+            if abs(luminance(colour) - lum) >= 0.35:
                 break
         else:
             colour = np.full(3, 0.0 if lum > 0.5 else 1.0, np.float32)
