@@ -11,11 +11,16 @@ from fedsim.data.scenario import build_federation, load_client_data
 from fedsim.errors import UserError
 from fedsim.methods.fedod import channel_wise_distillation
 from fedsim.models.detector import DetectorSpec, build_detector, head_keys, norm_keys, save_weights
+from fedsim.registry import METHODS
 from fedsim.runtime import Server
 
 from conftest import RecordingExecutor, assert_same_results
 
 FAMILIES = {"wg", "wb", "wi", "ens_wbf", "ens_nms", "ens_soft_nms", "ens_nmw"}
+FUSIONS = ("wbf", "nms", "soft_nms", "nmw")
+#: the same ensembles again as variants (fused score avg, weights 1, 1: the defaults) and two other settings
+VARIANTS = ["method.variant_confs=avg,max", "method.variant_weights=1,1,1,2"]
+VARIANT_FAMILIES = {"ens_wbf_avg", "ens_wbf_max"} | {f"ens_{m}_w{w}" for m in FUSIONS for w in ("1_1", "1_2")}
 
 
 @pytest.fixture(scope="module")
@@ -41,15 +46,17 @@ def options(tiny, method, *extra):
 def run_local(opts):
     config = load_config(None, opts)
     federation = build_federation(config.data)
+    METHODS.get(config.method.name).check_setting(config, federation)  # as fedsim.run does before anything is written
     executor = RecordingExecutor(config, federation)
     server = Server(config, federation, executor)
+    server.setup(1)
     metrics = server.run_round(1, evaluate=True)
     return config, federation, executor, server, metrics
 
 
 @pytest.fixture(scope="module")
 def fedod_run(tiny):
-    return run_local(options(tiny, "fedod"))
+    return run_local(options(tiny, "fedod", *VARIANTS))
 
 
 # ---------------------------------------------------------------------------- detector
@@ -98,12 +105,26 @@ def test_fedod_round_reports_every_family(fedod_run):
     config, federation, _, _, metrics = fedod_run
     assert {"base_loss", "train_loss", "distill_loss"} <= set(metrics)
     final = metrics["final_detection"]
-    assert set(final) == FAMILIES
+    assert final is metrics["detection"] and metrics["final_alpha"] == 0.3
+    assert set(final) == FAMILIES | VARIANT_FAMILIES
     for name, entry in final.items():
         assert all(0.0 <= entry[k] <= 1.0 for k in ("A_s", "A_p", "A_u", "AP50_s", "AP50_p", "AP50_u"))
         assert entry["A_com"] == pytest.approx(0.3 * entry["A_s"] + 0.7 * entry["A_p"])
+        assert entry["A_p"] == pytest.approx(np.mean([c["p"] for c in entry["clients"].values()]))
         assert ("target" in entry) == (name in ("wg", "wb"))
-    assert set(metrics["source_accuracy"]) == {"server", "farm"} and 0.0 <= metrics["target_accuracy"] <= 1.0
+    # a variant with the default settings scores exactly what the default ensemble scores
+    assert final["ens_wbf_avg"] == final["ens_wbf"]
+    assert all(final[f"ens_{m}_w1_1"] == final[f"ens_{m}"] for m in FUSIONS)
+    assert set(metrics["source_accuracy"]) == {"server", "farm"} and metrics["target_accuracy"] == final["wg"]["target"]
+    assert metrics["source_accuracy"]["server"] == final["wg"]["A_s"]
+    assert metrics["source_accuracy"]["farm"] == pytest.approx(final["wg"]["clients"]["1"]["p"])
+
+
+def test_fusion_variants_are_checked(tiny):
+    with pytest.raises(UserError, match="variant_confs"):
+        load_config(None, options(tiny, "fedod", "method.variant_confs=median"))
+    with pytest.raises(UserError, match="pairs"):
+        load_config(None, options(tiny, "fedod", "method.variant_weights=1,2,3"))
 
 
 def test_fedod_keeps_images_on_their_hosts_and_models_where_they_belong(fedod_run):
@@ -111,7 +132,7 @@ def test_fedod_keeps_images_on_their_hosts_and_models_where_they_belong(fedod_ru
     host = executor.host
     server_id, farm_id = 0, 1
     ops = [(cid, op) for _, cid, op, _ in executor.log]
-    assert ops[:2] == [(server_id, "train_base"), (farm_id, "fit")] and (server_id, "distill") in ops
+    assert ops == [(server_id, "train_base"), (farm_id, "fit"), (server_id, "distill"), (0, "evaluate"), (1, "evaluate"), (2, "evaluate")]
     for _, cid, op, reply in executor.log:
         data = load_client_data(config.data, federation, cid)
         for name, tensor in reply.tensors.items():
@@ -157,8 +178,13 @@ def test_bad_setups_raise_user_errors(tiny, toy_overrides):
         run_local(base + ["data.clients_per_domain=2"])
     with pytest.raises(UserError, match="IID"):
         run_local(base + ["data.partition=dirichlet"])
+    with pytest.raises(UserError, match="besides 'server'"):
+        run_local([o for o in base if not o.startswith("data.sources")] + ["data.sources=server"])
     with pytest.raises(UserError, match="method.mode"):
         load_config(None, base + ["method.mode=ensemble"])
+    config = load_config(None, base + ["data.partition=dirichlet"])
+    with pytest.raises(UserError, match="IID"):  # the method refuses the scenario itself too, not only check_setting
+        METHODS.get("fedod")(config, build_federation(config.data))
 
 
 def test_local_and_ray_agree(tiny, ray_cluster, tmp_path):

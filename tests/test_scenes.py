@@ -8,7 +8,7 @@ import pytest
 from fedsim.config import DataConfig, load_config
 from fedsim.data.benchmarks.coco import CocoBenchmark, write_coco_domain
 from fedsim.data.benchmarks.scenes import CLASSES, ScenesBenchmark, export_coco
-from fedsim.data.detection import Annotations, client_targets
+from fedsim.data.detection import Annotations
 from fedsim.data.scenario import build_federation, load_client_data
 from fedsim.errors import UserError
 
@@ -70,18 +70,22 @@ def test_max_train_subsets_images_with_their_boxes(tiny, scenes):
         assert np.array_equal(boxes, fb) and np.array_equal(labels, fl)
 
 
-def test_clients_get_indices_and_the_target_no_training_boxes(tiny):
+def test_clients_get_their_boxes_in_client_data_and_the_target_no_training_boxes(tiny, scenes):
     config = load_config(None, ["data.benchmark=scenes", "data.target=dusk", "data.variant=tiny", f"data.cache_dir={tiny.cache_dir}"])
     federation = build_federation(config.data)
     assert [c.domain for c in federation.clients] == ["server", "night", "fog", "farm", "dusk"]
     night = load_client_data(config.data, federation, 1)
-    pairs = client_targets(config.data, night, "train")
-    assert len(pairs) == len(night.train) and all(b.shape[1] == 4 for b, _ in pairs)
+    assert len(night.train.targets) == len(night.train) == 8 and len(night.test.targets) == len(night.test)
+    domain = scenes["night"]
+    for split, ann in (("train", domain.train_annotations), ("test", domain.test_annotations)):
+        part = getattr(night, split)
+        for (boxes, labels), index in zip(part.targets, part.y):  # each image's own boxes, in the split's order
+            expected_boxes, expected_labels = ann.per_image([index])[0]
+            assert boxes.shape[1] == 4 and np.array_equal(boxes, expected_boxes) and np.array_equal(labels, expected_labels)
     target = load_client_data(config.data, federation, federation.target_ids[0])
-    assert target.train.y is None
-    with pytest.raises(ValueError, match="no labels"):
-        client_targets(config.data, target, "train")
-    assert len(client_targets(config.data, target, "test")) == len(target.test)
+    assert target.train.y is None and target.train.targets is None
+    assert len(target.test.targets) == len(target.test) > 0
+    assert sum(len(b) for b, _ in target.test.targets) == len(scenes["dusk"].test_annotations.boxes)
 
 
 def test_coco_round_trip_is_exact(tiny, scenes, tmp_path):

@@ -6,14 +6,15 @@ handles them like classification images. Boxes do not fit one array per image, s
 they live next to the images in an :class:`Annotations` table (flat arrays:
 ``boxes`` M x 4 in pixels, x1 y1 x2 y2; ``labels`` M; ``image`` M, the image each
 box belongs to), and ``train_y`` / ``test_y`` hold each image's *index* into that
-table (``np.arange(N)``). The partition code then splits images, ``ClientData``
-carries each client's indices, and a client finds its boxes with
-:func:`client_targets` in its own process. The target client's ``train.y`` is
-``None`` as for classification, so its boxes are unreachable for training.
+table (``np.arange(N)``). The partition code then splits images, and
+``load_client_data`` gives each client its boxes in ``ClientData`` (``train.targets``
+/ ``test.targets``: one ``(boxes, labels)`` pair per image, in the split's order).
+The target client's ``train.y`` and ``train.targets`` are ``None`` as for
+classification, so its boxes are unreachable for training.
 
-Detection benchmarks set three class attributes the detection methods read:
-``task = "detection"``, ``server_domain`` (the domain of the FedOD server's own
-labeled data) and ``default_target``.
+Detection benchmarks set three class attributes declared on
+:class:`fedsim.data.base.Benchmark`: ``task = "detection"``, ``server_domain`` (the
+domain of the FedOD server's own labeled data) and ``default_target``.
 """
 from __future__ import annotations
 
@@ -145,25 +146,3 @@ class DetectionDomain(Domain):
             test_annotations=test,
             class_names=tuple(class_names),
         )
-
-
-def is_detection_benchmark(benchmark_cls) -> bool:
-    return getattr(benchmark_cls, "task", "classification") == "detection"
-
-
-def client_targets(data_config, client_data, split: str) -> list[tuple[np.ndarray, np.ndarray]]:
-    """The ``(boxes, labels)`` of each image of a client's ``train`` or ``test`` part, in its order.
-
-    Runs in the process hosting the client (the domain comes from the same cache
-    ``load_client_data`` used). The target client's training part has no labels
-    (``train.y is None``): asking for them raises.
-    """
-    from fedsim.data.scenario import get_domain
-
-    part = getattr(client_data, split)
-    if part.y is None:
-        raise ValueError(f"client {client_data.client_id} has no labels for its {split} part (the target's training images are unlabeled)")
-    domain = get_domain(data_config, client_data.domain)
-    if not isinstance(domain, DetectionDomain):
-        raise UserError(f"domain {client_data.domain!r} of benchmark {data_config.benchmark!r} has no boxes: use a detection benchmark (scenes or coco)")
-    return getattr(domain, f"{split}_annotations").per_image(part.y)

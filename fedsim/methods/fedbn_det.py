@@ -2,20 +2,19 @@
 
 Every participant keeps the weights, biases and running statistics of every
 batch-norm layer of the backbone (the FCOS head uses group norm, which is averaged)
-and averages the rest. Client i's model M_i (family ``personal``) is the global
-model with its own batch norm; ``global`` keeps w_b's batch norm (used by the
-unlabeled target, which has none of its own).
+and averages the rest, as in :mod:`fedsim.methods.fedavg_det`. Client i's model M_i
+(family ``personal``) is the global model with its own batch norm; ``global`` keeps
+w_b's batch norm (used by the unlabeled target, which has none of its own).
 """
 from __future__ import annotations
 
-from fedsim.methods._detection_common import FederatedDetection
-from fedsim.models.detector import Detector, norm_keys
+from fedsim.methods.fedavg_det import FedAvgDetection
+from fedsim.models.detector import norm_keys
 from fedsim.registry import METHODS
 
 
 @METHODS.register("fedbn_det")
-class FedBNDetection(FederatedDetection):
+class FedBNDetection(FedAvgDetection):
     """FedBN for detection: batch-norm layers stay with each participant."""
 
-    def personal_keys(self, model: Detector) -> set[str]:
-        return norm_keys(model)
+    personal_keys = staticmethod(norm_keys)

@@ -1,7 +1,7 @@
 """FedOD: cross-domain federated object detection (Su et al., "Cross-domain Federated Object Detection", 2022).
 
 The server holds a large labeled set (hosted on the *server host*, see
-``_detection_common``); each client holds a small labeled set of a shifted domain.
+:mod:`fedsim.methods.common.detection`); each client holds a small labeled set of a shifted domain.
 
 1. Base stage: w_b is trained on the server's data; w_g = w_b.
 2. Every round: each client fine-tunes the current w_g on its data for ``client_iters``
@@ -23,14 +23,18 @@ The server holds a large labeled set (hosted on the *server host*, see
    their detections (``fusion_weights``, ``fusion_iou``); NMS, soft-NMS and NMW are
    reported next to it, as in the paper's comparison.
 
+
 ``mode`` gives the paper's baselines as configurations of this file:
 ``baseline1`` = the base model alone (no rounds of training after the base stage);
 ``baseline2`` = the base model ensembled with each client's fine-tune of it (rounds of
 client fine-tuning from w_b, no distillation: w_g stays w_b).
 
-Families reported (see ``_detection_common`` for A_s, A_p, A_u, A_com): ``wb`` (the base
-model), ``wg`` (fedod), ``wi`` (the personal models), and in the last round ``ens_wbf``,
-``ens_nms``, ``ens_soft_nms``, ``ens_nmw`` (w_i with w_g; with w_b in ``baseline2``).
+Families reported (see :mod:`fedsim.methods.common.detection_eval` for A_s, A_p, A_u,
+A_com): ``wb`` (the base model), ``wg`` (fedod), ``wi`` (the personal models), and in the
+last round ``ens_wbf``, ``ens_nms``, ``ens_soft_nms``, ``ens_nmw`` (w_i with w_g; with w_b
+in ``baseline2``). Other fusion settings can be scored on the same models in the same
+evaluation: ``variant_confs`` adds ``ens_wbf_<conf>`` (WBF with that fused score),
+``variant_weights`` (pairs g, p) adds ``ens_<fusion>_w<g>_<p>`` for every fusion.
 """
 from __future__ import annotations
 
@@ -41,16 +45,19 @@ import torch
 import torch.nn.functional as F
 
 from fedsim.data.base import ClientData
-from fedsim.detection.fusion import CONF_TYPES, fuse
+from fedsim.detection.fusion import CONF_TYPES
+from fedsim.detection.fusion import METHODS as FUSIONS
 from fedsim.errors import UserError
 from fedsim.messages import Instruction, Reply
-from fedsim.methods._detection_common import DetectionMethod, DetectionParams, Family, Weights, prefixed, with_prefix
-from fedsim.methods.base import ServerState
+from fedsim.methods.base import ServerState, client_operation
+from fedsim.methods.common.detection import DetectionMethod, DetectionParams
+from fedsim.methods.common.detection_eval import Family, Weights, prefixed, with_prefix
+from fedsim.methods.common.detection_training import ExtraLoss
 from fedsim.methods.common.training import load_numpy, model_to_numpy, weighted_average
+from fedsim.models.detector import Detector
 from fedsim.registry import METHODS
 
 MODES = ("fedod", "baseline1", "baseline2")
-FUSIONS = ("wbf", "nms", "soft_nms", "nmw")
 
 
 def channel_wise_distillation(student: torch.Tensor, teacher: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -62,11 +69,33 @@ def channel_wise_distillation(student: torch.Tensor, teacher: torch.Tensor, temp
     return kl.mean() * temperature ** 2
 
 
+def multi_teacher_loss(teachers: list[Detector], params, parts: dict) -> ExtraLoss:
+    """The distillation terms of the student's loss, summed over the teachers; ``parts`` gets the last batch's terms."""
+
+    def distillation(images: torch.Tensor, maps: dict) -> torch.Tensor:
+        total = images.new_zeros(())
+        parts.update(feat=0.0, cls=0.0, reg=0.0)
+        for model in teachers:
+            with torch.no_grad():
+                t_maps = model.maps(images)
+            feat = sum(channel_wise_distillation(s, t, params.temperature) for s, t in zip(maps["features"], t_maps["features"]))
+            cls = sum(channel_wise_distillation(s, t, params.temperature) for s, t in zip(maps["cls_logits"], t_maps["cls_logits"]))
+            reg = sum(F.mse_loss(s, t) for s, t in zip(maps["bbox_regression"], t_maps["bbox_regression"]))
+            parts["feat"] += float(feat.detach())
+            parts["cls"] += float(cls.detach())
+            parts["reg"] += float(reg.detach())
+            total = total + params.lambda_feat * feat + params.lambda_cls * cls + params.lambda_reg * reg
+        return total
+
+    return distillation
+
+
 @METHODS.register("fedod")
 class FedOD(DetectionMethod):
+    """FedOD (Su et al. 2022): client fine-tuning, multi-teacher distillation on the server, WBF ensemble of w_g and w_i."""
+
     # defaults under the YAML and --set values (3 rounds as in the paper; the detector's step size)
     config_defaults = {"run": {"rounds": 3}, "method": {"lr": 0.02, "batch_size": 16, "weight_decay": 1e-4}}
-    """FedOD (Su et al. 2022): client fine-tuning, multi-teacher distillation on the server, WBF ensemble of w_g and w_i."""
 
     @dataclass(frozen=True)
     class Params(DetectionParams):
@@ -81,6 +110,8 @@ class FedOD(DetectionMethod):
         fusion_iou: float = 0.55  # IoU at which boxes are fused / suppressed
         skip_box_thr: float = 0.0  # boxes below this score are ignored by the fusion
         fusion_conf: str = "avg"  # WBF's fused score: avg, max, box_and_model_avg, absent_model_aware_avg (ensemble-boxes conf_type)
+        variant_confs: tuple[str, ...] = ()  # more WBF fused scores scored in the last round (ens_wbf_<conf>)
+        variant_weights: tuple[float, ...] = ()  # more (global, personal) weight pairs, flat (ens_<fusion>_w<g>_<p>)
 
         def __post_init__(self):
             super().__post_init__()
@@ -90,32 +121,33 @@ class FedOD(DetectionMethod):
                 raise UserError(f"method.distill_iters must be 0 or more and method.temperature positive, got {self.distill_iters} and {self.temperature}")
             if min(self.lambda_det, self.lambda_feat, self.lambda_cls, self.lambda_reg) < 0:
                 raise UserError("method.lambda_det, lambda_feat, lambda_cls and lambda_reg must be 0 or more")
-            if len(self.fusion_weights) != 2 or min(self.fusion_weights) < 0 or sum(self.fusion_weights) <= 0:
-                raise UserError(f"method.fusion_weights must be two non-negative weights (global, personal), got {self.fusion_weights}")
+            pairs = [self.fusion_weights] + [self.variant_weights[i:i + 2] for i in range(0, len(self.variant_weights), 2)]
+            if any(len(w) != 2 or min(w) < 0 or sum(w) <= 0 for w in pairs):
+                raise UserError(f"method.fusion_weights and variant_weights must be pairs of non-negative weights (global, personal), got {self.fusion_weights} and {self.variant_weights}")
             if not 0 < self.fusion_iou <= 1:
                 raise UserError(f"method.fusion_iou must lie in (0, 1], got {self.fusion_iou}")
-            if self.fusion_conf not in CONF_TYPES:
-                raise UserError(f"method.fusion_conf must be one of {', '.join(CONF_TYPES)}, got {self.fusion_conf!r}")
-
-    operations = ("train_base", "fit", "distill", "keep_teachers", "evaluate")
+            for conf in (self.fusion_conf, *self.variant_confs):
+                if conf not in CONF_TYPES:
+                    raise UserError(f"method.fusion_conf and variant_confs must be among {', '.join(CONF_TYPES)}, got {conf!r}")
 
     # ---- server half ------------------------------------------------------
-    def run_round(self, rnd: int, state: ServerState, executor) -> tuple[ServerState, dict]:
-        state, metrics = self.base_stage(state, executor)
+    def run_round(self, ctx, state: ServerState) -> tuple[ServerState, dict]:
+        """Base stage (round 1), client fine-tunes w_i, multi-teacher distillation of w_g on the server host."""
+        state, metrics = self.base_stage(ctx, state)
         if self.params.mode == "baseline1":
             return state, metrics
         weights = state["weights"]  # one payload for every client: serialized once
-        replies = executor.run({cid: Instruction("fit", weights, {"seed": self.client_seed(rnd, cid, "fit"), "round": rnd}) for cid in self.client_ids})
+        replies = ctx.call("fit", weights, self.roles.client_ids)
         metrics["train_loss"] = {str(cid): r.metrics["train_loss"] for cid, r in replies.items()}
         teachers: Weights = {}
         for cid, reply in replies.items():
             teachers.update(with_prefix(reply.tensors, f"teacher@{cid}"))
-        config = {"round": rnd, "teachers": list(replies), "seed": self.client_seed(rnd, self.server_id, "distill")}
+        server = self.roles.server_id
+        config = {"teachers": list(replies), "seed": ctx.seed(server, "distill")}
         if self.params.mode == "baseline2":
-            executor.run({self.server_id: Instruction("keep_teachers", teachers, config)})
+            ctx.call("keep_teachers", teachers, [server], config)
             return state, metrics
-        payload = {**with_prefix(weights, "global"), **teachers}
-        reply = executor.run({self.server_id: Instruction("distill", payload, config)})[self.server_id]
+        reply = ctx.call("distill", {**with_prefix(weights, "global"), **teachers}, [server], config)[server]
         metrics.update({f"distill_{k}": v for k, v in reply.metrics.items()})
         return {**state, "weights": dict(reply.tensors)}, metrics
 
@@ -128,43 +160,51 @@ class FedOD(DetectionMethod):
         fams = [base] if self.params.mode == "baseline2" else [Family("wg", False, ("payload:wg",), lambda cid: ("payload:wg",)), base]
         fams.append(personal)
         if self.is_final(rnd):
-            for method in FUSIONS:
-                fams.append(Family(f"ens_{method}", True, (f"payload:{glob}", "own:personal"), lambda cid, g=glob: (f"payload:{g}", f"own:teacher@{cid}"), fusion=method))
+            for name, fusion, options in self.fusion_settings():
+                sources = (f"payload:{glob}", "own:personal")
+                fams.append(Family(name, True, sources, lambda cid, g=glob: (f"payload:{g}", f"own:teacher@{cid}"), fusion=fusion, options=options))
         return fams
+
+    def fusion_settings(self) -> list[tuple[str, str, dict]]:
+        """(family name, fusion method, fuse() options) of every ensemble scored in the last round."""
+        p = self.params
+        common = {"iou_thr": p.fusion_iou, "skip_box_thr": p.skip_box_thr}
+        settings = [(f"ens_{m}", m, {"weights": p.fusion_weights, **common, "conf_type": p.fusion_conf}) for m in FUSIONS]
+        settings += [(f"ens_wbf_{conf}", "wbf", {"weights": p.fusion_weights, **common, "conf_type": conf}) for conf in p.variant_confs]
+        for g, w in zip(p.variant_weights[::2], p.variant_weights[1::2]):
+            settings += [(f"ens_{m}_w{g:g}_{w:g}", m, {"weights": (g, w), **common, "conf_type": p.fusion_conf}) for m in FUSIONS]
+        return settings
 
     def primary(self) -> str:
         return "wg" if self.params.mode == "fedod" else "wb"
 
-    def eval_payloads(self, rnd: int, state: ServerState) -> tuple[Weights, Weights]:
+    def evaluation_payloads(self, ctx, state: ServerState) -> tuple[Weights, Weights]:
         payload = with_prefix(state["base"], "wb")
         if self.params.mode == "fedod":
             payload.update(with_prefix(state["weights"], "wg"))
         return payload, payload
 
-    def fuse_image(self, method: str, parts, size):
-        p = self.params
-        return fuse(list(parts), size, method=method, weights=p.fusion_weights, iou_thr=p.fusion_iou, skip_box_thr=p.skip_box_thr, conf_type=p.fusion_conf)
-
     # ---- client half ------------------------------------------------------
+    @client_operation
     def fit(self, instruction: Instruction, state: Any, data: ClientData) -> tuple[Reply, Any]:
         """Client: fine-tune the global model into w_i, keep it, send it."""
-        if data.train.y is None:
-            raise ValueError("fit needs labels: the target client only evaluates")
         model = state["model"]
         load_numpy(model, instruction.tensors)
         loss = self.local_train(model, self.train_set(state, data), self.params.client_iters, instruction.config["seed"])
         state["own"]["personal"] = model_to_numpy(model)
         return Reply(data.client_id, state["own"]["personal"], {"train_loss": loss}, num_examples=len(data.train)), state
 
+    @client_operation
     def keep_teachers(self, instruction: Instruction, state: Any, data: ClientData) -> tuple[Reply, Any]:
         """Server host: keep the clients' w_i (to score them and their ensembles on the server's test set)."""
         for cid in instruction.config["teachers"]:
             state["own"][f"teacher@{cid}"] = prefixed(instruction.tensors, f"teacher@{cid}")
         return Reply(data.client_id, {}, {}, num_examples=0), state
 
+    @client_operation
     def distill(self, instruction: Instruction, state: Any, data: ClientData) -> tuple[Reply, Any]:
         """Server host: student = mean(w_g, w_1..w_N), then multi-teacher distillation + detection loss on server data."""
-        if data.domain != self.server_domain:
+        if data.client_id != self.roles.server_id:
             raise ValueError(f"distill runs on the server host, not on client {data.client_id}")
         self.keep_teachers(instruction, state, data)
         p = self.params
@@ -180,22 +220,7 @@ class FedOD(DetectionMethod):
             model.eval()
             model.requires_grad_(False)
         parts = {"feat": 0.0, "cls": 0.0, "reg": 0.0}
-
-        def distillation(images: torch.Tensor, maps: dict) -> torch.Tensor:
-            total = images.new_zeros(())
-            parts.update(feat=0.0, cls=0.0, reg=0.0)
-            for model in teachers[:len(ids)]:
-                with torch.no_grad():
-                    t_maps = model.maps(images)
-                feat = sum(channel_wise_distillation(s, t, p.temperature) for s, t in zip(maps["features"], t_maps["features"]))
-                cls = sum(channel_wise_distillation(s, t, p.temperature) for s, t in zip(maps["cls_logits"], t_maps["cls_logits"]))
-                reg = sum(F.mse_loss(s, t) for s, t in zip(maps["bbox_regression"], t_maps["bbox_regression"]))
-                parts["feat"] += float(feat.detach())
-                parts["cls"] += float(cls.detach())
-                parts["reg"] += float(reg.detach())
-                total = total + p.lambda_feat * feat + p.lambda_cls * cls + p.lambda_reg * reg
-            return total
-
+        distillation = multi_teacher_loss(teachers[:len(ids)], p, parts)
         loss = self.local_train(student, self.train_set(state, data), p.distill_iters, instruction.config["seed"], extra_loss=distillation, detection_weight=p.lambda_det)
         metrics = {"loss": loss, **{f"last_{k}": float(v) for k, v in parts.items()}}
         return Reply(data.client_id, model_to_numpy(student), metrics, num_examples=len(data.train)), state

@@ -1,26 +1,28 @@
 """FedRep for detection (Collins et al., ICML 2021, Alg. 1): shared body, personal head.
 
-The body (backbone + feature pyramid) is shared and averaged; the FCOS head
-(classification, regression and centerness towers) is each participant's own. A
-local update first trains the head for ``head_iters`` steps with the body frozen,
-then the body for ``client_iters`` steps with the head frozen (the paper's
-tau_h head epochs, then one body epoch). Personal heads start from w_b's; client i's
-model M_i (family ``personal``) is the global body with its own head; ``global``
-keeps w_b's head (used by the unlabeled target).
+The body (backbone + feature pyramid) is shared and averaged as in
+:mod:`fedsim.methods.fedavg_det`; the FCOS head (classification, regression and
+centerness towers) is each participant's own. A local update first trains the head
+for ``head_iters`` steps with the body frozen, then the body for ``client_iters`` steps
+with the head frozen (the paper's tau_h head epochs, then one body epoch). Personal
+heads start from w_b's; client i's model M_i (family ``personal``) is the global body
+with its own head; ``global`` keeps w_b's head (used by the unlabeled target).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from fedsim.errors import UserError
-from fedsim.methods._detection_common import DetectionParams, DetectionSet, FederatedDetection
+from fedsim.methods.common.detection import DetectionParams
+from fedsim.methods.common.detection_training import DetectionSet
+from fedsim.methods.fedavg_det import FedAvgDetection
 from fedsim.models.detector import Detector, head_keys
 from fedsim.registry import METHODS
 from fedsim.seeding import derive_seed
 
 
 @METHODS.register("fedrep_det")
-class FedRepDetection(FederatedDetection):
+class FedRepDetection(FedAvgDetection):
     """FedRep for detection: averaged body, personal FCOS head (head steps, then body steps)."""
 
     @dataclass(frozen=True)
@@ -32,8 +34,7 @@ class FedRepDetection(FederatedDetection):
             if self.head_iters < 0:
                 raise UserError(f"method.head_iters must be 0 or more, got {self.head_iters}")
 
-    def personal_keys(self, model: Detector) -> set[str]:
-        return head_keys(model)
+    personal_keys = staticmethod(head_keys)
 
     def local_steps(self, model: Detector, data: DetectionSet, seed: int) -> float:
         loss = 0.0
