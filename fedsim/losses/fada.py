@@ -21,7 +21,7 @@ updates of Sec. 3.3 on one batch of generator features.
 from __future__ import annotations
 
 import math
-from typing import Mapping
+from typing import Callable
 
 import numpy as np
 import torch
@@ -113,8 +113,11 @@ class AdversarialAlignment:
 
     ``net`` is the source's model (G_i = ``features``, D_inv = ``invariant``, C_i = ``head``), ``target``
     the received target features, of which each batch draws as many as it has rows (``generator``).
-    G_i's step keeps the classification loss of the same batch: cross-entropy + weight * confusion.
+    G_i's step keeps the classification loss of the same batch: cross-entropy + weight * confusion (Alg. 1
+    alternates a classification and an alignment step on each batch; as a stage of its own, pure
+    confusion steps erased the classifier: on digits, source accuracy fell to chance).
     :meth:`target_gradient` is d(weight * confusion)/d(target features): the direction G_t follows.
+    Puts ``net`` and ``identifier`` in training mode.
     """
 
     def __init__(self, net: nn.Module, identifier: nn.Module, identifier_optimizer: torch.optim.Optimizer,
@@ -123,6 +126,8 @@ class AdversarialAlignment:
         self.identifier_optimizer, self.generator_optimizer = identifier_optimizer, generator_optimizer
         self.accuracies: list[float] = []
         self.confusions: list[float] = []
+        net.train()
+        identifier.train()
 
     def step(self, inputs: torch.Tensor, labels: torch.Tensor, weight: float) -> None:
         net, identifier = self.net, self.identifier
@@ -158,22 +163,35 @@ class AdversarialAlignment:
 
 
 class Disentanglement:
-    """The updates of Sec. 3.3 (Eq. 4-7) on one batch of fixed generator features f = G_i(x).
+    """The updates of Sec. 3.3 (Eq. 4-7) on the batches of a source, its generator G_i fixed.
 
     ``net`` has the invariant branch D_inv and the classifier C; ``parts`` the specific branch D_spec,
     the class identifier CI, the reconstructor R and the MINE statistics network T
-    (:class:`fedsim.models.fada_parts.SourceParts`). ``optimizers`` holds one optimizer per update:
-    ``classify`` (D_inv, C, D_spec, CI), ``entropy`` (D_spec), ``statistics`` (T), ``disentangle``
-    (D_inv, D_spec, R). D_i minimizes the positive part of the MI estimate: mutual information is never
-    negative, and a D_i that pushes a fixed T's bound below zero only exploits T.
+    (:class:`fedsim.models.fada_parts.SourceParts`). One optimizer per update, from ``make_optimizer``
+    (a list of parameters -> optimizer): ``classify`` (D_inv, C, D_spec, CI), ``entropy`` (D_spec),
+    ``disentangle`` (D_inv, D_spec, R); T has its own ``statistics_optimizer`` (Adam, kept across rounds:
+    SGD at the task's rate made T diverge). D_i minimizes the positive part of the MI estimate: mutual
+    information is never negative, and a D_i that pushes a fixed T's bound below zero only exploits T
+    (on digits the estimate ran to -9, then the weights to NaN). Puts ``net`` and ``parts`` in training mode.
     """
 
     METRICS = ("mine_estimate", "class_identifier_accuracy", "class_identifier_entropy", "reconstruction_loss")
 
-    def __init__(self, net: nn.Module, parts: nn.Module, mine: MINELoss, optimizers: Mapping[str, torch.optim.Optimizer],
-                 lambda_entropy: float, lambda_mi: float, lambda_recon: float):
-        self.net, self.parts, self.mine, self.optimizers = net, parts, mine, optimizers
+    def __init__(self, net: nn.Module, parts: nn.Module, mine: MINELoss, statistics_optimizer: torch.optim.Optimizer,
+                 make_optimizer: Callable[[list], torch.optim.Optimizer], lambda_entropy: float, lambda_mi: float, lambda_recon: float):
+        self.net, self.parts, self.mine = net, parts, mine
         self.lambda_entropy, self.lambda_mi, self.lambda_recon = lambda_entropy, lambda_mi, lambda_recon
+        self.optimizers = {
+            "classify": make_optimizer([*net.invariant.parameters(), *net.head.parameters(), *parts.specific.parameters(),
+                                        *parts.class_identifier.parameters()]),
+            "entropy": make_optimizer(list(parts.specific.parameters())),
+            "statistics": statistics_optimizer,
+            "disentangle": make_optimizer([*net.invariant.parameters(), *parts.specific.parameters(), *parts.reconstructor.parameters()]),
+        }
+        self.sums = dict.fromkeys(self.METRICS, 0.0)
+        self.batches = 0
+        net.train()
+        parts.train()
 
     def update(self, name: str, loss: torch.Tensor) -> None:
         self.net.zero_grad(set_to_none=True)
@@ -181,9 +199,11 @@ class Disentanglement:
         loss.backward()
         self.optimizers[name].step()
 
-    def step(self, generated: torch.Tensor, labels: torch.Tensor, permutation: torch.Tensor) -> dict[str, float]:
-        """One batch: ``permutation`` pairs invariant with shuffled specific parts (the product of the marginals)."""
+    def step(self, inputs: torch.Tensor, labels: torch.Tensor, generator: torch.Generator) -> None:
+        """One batch; ``generator`` draws the shuffle that pairs invariant with other specific parts (the marginals)."""
         net, parts = self.net, self.parts
+        with torch.no_grad():
+            generated = net.features(inputs)
         # Eq. 4: C_i on the invariant part and CI_i on the specific part learn the labels
         ci_logits = parts.class_identifier(parts.specific(generated))
         self.update("classify", F.cross_entropy(net.head(net.invariant(generated)), labels) + F.cross_entropy(ci_logits, labels))
@@ -192,6 +212,7 @@ class Disentanglement:
         self.update("entropy", -self.lambda_entropy * entropy(ci_logits))
         # Eq. 6: T maximizes the bias-corrected MINE bound on I(f_di; f_ds)
         invariant, specific = net.invariant(generated), parts.specific(generated)
+        permutation = torch.randperm(len(inputs), generator=generator).to(inputs.device)
         joint, marginal = parts.mine_scores(invariant.detach(), specific.detach(), permutation)
         self.update("statistics", -self.mine.surrogate(joint, marginal))
         # Eq. 6-7: D_i minimizes the MI estimate; R_i rebuilds G_i(x) from both parts
@@ -203,4 +224,10 @@ class Disentanglement:
         parts.statistics.requires_grad_(True)
         with torch.no_grad():
             values = (estimate, (ci_logits.argmax(1) == labels).float().mean(), entropy(ci_logits), rebuilt)
-            return {name: float(value) for name, value in zip(self.METRICS, values)}
+            for name, value in zip(self.METRICS, values):
+                self.sums[name] += float(value)
+        self.batches += 1
+
+    def metrics(self) -> dict[str, float]:
+        """Means over the batches of the MI estimate, CI's accuracy and entropy, and the reconstruction loss."""
+        return {name: total / self.batches if self.batches else float("nan") for name, total in self.sums.items()}

@@ -1,67 +1,50 @@
 """FADA: Federated Adversarial Domain Adaptation (Peng, Huang, Zhu & Saenko, ICLR 2020, Alg. 1).
 
 Every client keeps its own model (:class:`fedsim.models.fada_parts.FADANet`: generator G, invariant
-branch of the disentangler D, classifier C): sources G_i/C_i, the target G_t/C_t. One round runs these
-stages in the order of Alg. 1, each one ``ctx.call`` (the switches ``attention``, ``adversarial``,
-``disentangle`` give the paper's ablations: model I = attention, II = I + adversarial, III = II + disentangle):
+branch of the disentangler D, classifier C): sources G_i/C_i, the target G_t/C_t. A round runs the
+stages of Alg. 1 in its order, each one ``ctx.call``; the switches ``attention``, ``adversarial`` and
+``disentangle`` give the paper's models I (attention), II (I + adversarial), III (II + disentangle):
 
-1. ``fit`` (sources): load the target model w_t (each round starts from it, as FedAvg starts from the
-   global model), ``local_epochs`` of cross-entropy on G_i -> D_inv -> C_i.
-2. adversarial alignment (Sec. 3.2, Eq. 3), if ``adversarial``: ``features`` (target): G_t's features
-   of a seeded subset of ``target_batch`` unlabeled inputs; ``adversarial`` (each source): the private
-   domain identifier DI_i learns source (1) vs target (0) features, then G_i is trained to confuse it
-   (cross-entropy to 1/2); the source sends back the gradient of the confusion loss with respect to the
-   received target features; ``align`` (target): one SGD step of G_t along the mean of those feature
-   gradients (back-propagated through G_t on the same inputs). Only feature vectors and feature
-   gradients cross the network.
-3. ``disentangle`` (Sec. 3.3, Eq. 4-7), if ``disentangle`` (sources, G_i fixed): D_i splits G_i's
-   features into f_di (classified by C_i) and f_ds; (a) C_i and the class identifier CI_i learn the
-   labels from f_di and f_ds; (b) D_i's specific branch maximizes the entropy of CI_i(f_ds); (c) the
-   MINE statistics network maximizes the bias-corrected bound on I(f_di; f_ds); (d) D_i minimizes that
-   estimate plus the L2 reconstruction error of R_i([f_di, f_ds]) against G_i(x)
-   (:class:`fedsim.losses.fada.Disentanglement`). D_i minimizes the positive part of the estimate:
-   mutual information is never negative, and a D_i that pushes a fixed T's bound below zero only
-   exploits T (measured on digits: the estimate ran to -9, then the weights to NaN).
-4. ``update`` (target): dynamic attention (Sec. 3.1, :mod:`fedsim.methods.common.attention`). The
-   sources' deltas Delta_i = w_i - w_t (from their last stage) go to the target, which computes the gap
-   statistic (Tibshirani et al. 2001) of k-means on its invariant features before and after applying
-   each Delta_i; the attention is softmax(gain_i / attention_temperature) (uniform with ``attention``
-   off), and w_t <- w_t + sum_i a_i Delta_i. The target sends its new weights to the server, which
-   sends them to the sources next round.
+1. ``fit`` (sources): from the target model w_t, ``local_epochs`` of cross-entropy on G_i -> D_inv -> C_i.
+2. Adversarial alignment (Sec. 3.2, Eq. 3): ``features`` (target): G_t's features of ``target_batch``
+   seeded unlabeled inputs; ``adversarial`` (sources): the private domain identifier DI_i learns source
+   vs target, G_i learns to confuse it, and the gradient of the confusion w.r.t. the target features
+   goes back; ``align`` (target): one SGD step of G_t along their mean. Only features and gradients travel.
+3. ``disentangle`` (Sec. 3.3, Eq. 4-7; sources, G_i fixed): D_i splits G_i's features into f_di
+   (classified by C_i) and f_ds (a class identifier at maximal entropy, minimal mutual information with
+   f_di by MINE, and f_di and f_ds rebuild G_i(x)).
+4. ``update`` (target, Sec. 3.1): the deltas Delta_i = w_i - w_t of the sources' last stage; attention
+   a_i = softmax(gap-statistic gain of Delta_i on the target's invariant features / temperature)
+   (uniform with ``attention`` off); w_t <- w_t + sum_i a_i Delta_i goes to the server, then the sources.
 
-Evaluation: each client evaluates its own model (sources G_i/C_i after their local stages, the target
-G_t/C_t); ``target_accuracy`` is the target model's. The target's training operations (``features``,
-``align``, ``update``) never read ``train.y``: they only encode inputs. Batch-norm running statistics
-of the target change only through the sources' deltas: the target-side forward passes in training
-mode restore them afterwards.
+Each client evaluates its own model; ``target_accuracy`` is G_t/C_t's. The target's operations never
+read ``train.y``, and its batch-norm statistics change only through the sources' deltas (its
+training-mode passes restore them). Measured choices and deviations: ``docs/fada.md``.
 """
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 import torch
 
-from fedsim.data.base import ArraySplit, ClientData
+from fedsim.data.base import ClientData
 from fedsim.errors import UserError
 from fedsim.losses import dann_schedule
 from fedsim.losses.fada import AdversarialAlignment, Disentanglement, MINELoss
 from fedsim.messages import Instruction, Reply
 from fedsim.methods.base import Method, Replies, ServerState, client_operation
 from fedsim.methods.common.alignment import TARGET_FEATURES, encode_subset
-from fedsim.methods.common.attention import apply_deltas, gap_gains, softmax
-from fedsim.methods.common.training import (
-    encode_in_chunks, evaluate_model, load_numpy, make_optimizer, minibatches, model_to_numpy, train_epochs,
-)
+from fedsim.methods.common.attention import apply_deltas, dynamic_attention
+from fedsim.methods.common.batches import labeled_batches
+from fedsim.methods.common.training import encode_in_chunks, evaluate_model, load_numpy, make_optimizer, model_to_numpy, train_epochs
 from fedsim.models import build_model
-from fedsim.models.fada_parts import FADANet, SourceParts, build_fada_net, feature_width, preserved_buffers
+from fedsim.models.fada_parts import FADANet, SourceParts, build_fada_net, feature_width, follow_feature_gradient, preserved_buffers
 from fedsim.registry import METHODS
 from fedsim.seeding import derive_seed, numpy_rng
 
-DELTA = "delta:"  # reply-tensor prefix of a source's model delta
-FEATURE_GRAD = "feature_grad"
+DELTA, FEATURE_GRAD = "delta:", "feature_grad"  # a source's reply tensors: its model delta (a prefix), its feature gradient
 
 
 @dataclass(frozen=True)
@@ -87,15 +70,12 @@ class FADAParams:
     attention_temperature: float = 1.0  # softmax temperature over the gap gains (the paper: 1)
 
     def __post_init__(self):
-        positive = {
-            "target_batch": self.target_batch - 1, "identifier_hidden": self.identifier_hidden, "parts_hidden": self.parts_hidden,
-            "gap_samples": self.gap_samples - 1, "gap_references": self.gap_references,
-            "attention_temperature": self.attention_temperature, "mine_lr": self.mine_lr,
-        }
-        for name, value in positive.items():
-            if not value > 0:
-                minimum = "2 or more" if name in ("target_batch", "gap_samples") else "positive"
-                raise UserError(f"method.{name} must be {minimum}, got {getattr(self, name)}")
+        for name in ("target_batch", "gap_samples"):
+            if getattr(self, name) < 2:
+                raise UserError(f"method.{name} must be 2 or more, got {getattr(self, name)}")
+        for name in ("identifier_hidden", "parts_hidden", "gap_references", "attention_temperature", "mine_lr"):
+            if not getattr(self, name) > 0:
+                raise UserError(f"method.{name} must be positive, got {getattr(self, name)}")
         for name in ("lambda_adv", "lambda_entropy", "lambda_mi", "lambda_recon", "adversarial_steps", "disentangle_steps", "gap_clusters"):
             if getattr(self, name) < 0:
                 raise UserError(f"method.{name} must be 0 or more, got {getattr(self, name)}")
@@ -103,23 +83,6 @@ class FADAParams:
             raise UserError(f"method.schedule must be 'dann' or 'constant', got {self.schedule!r}")
         if not 0 < self.mine_rate <= 1:
             raise UserError(f"method.mine_rate must be in (0, 1], got {self.mine_rate}")
-
-
-def batch_steps(count: int, batch_size: int, steps: int, generator: torch.Generator) -> Iterator[torch.Tensor]:
-    """``steps`` mini-batches (skipped batches of one counted) over consecutive shuffled epochs of
-    :func:`~fedsim.methods.common.training.minibatches`, the last one cut short; one epoch when ``steps`` is 0."""
-    per_epoch = -(-count // batch_size)
-    left = steps or per_epoch
-    while left > 0 and per_epoch > 0:
-        yield from itertools.islice(minibatches(count, batch_size, generator), min(left, per_epoch))
-        left -= per_epoch
-
-
-def labeled_batches(split: ArraySplit, batch_size: int, steps: int, generator: torch.Generator, device) -> Iterator[tuple]:
-    """(inputs, labels) on ``device`` for each index batch of :func:`batch_steps`."""
-    x, y = torch.from_numpy(split.x), torch.from_numpy(split.y)
-    for idx in batch_steps(len(x), batch_size, steps, generator):
-        yield x[idx].to(device), y[idx].to(device)
 
 
 @METHODS.register("fada")
@@ -133,16 +96,14 @@ class FADA(Method):
         super().__init__(config, federation, device)
         self.check_setting(config, federation)
         self.target_id = federation.target_ids[0]
-        many = config.data.clients_per_domain > 1
+        many = config.data.clients_per_domain > 1  # metrics name sources by domain, or by domain and client
         self.labels = {c.client_id: f"{c.domain}-{c.client_id}" if many else c.domain for c in federation.clients}
 
     @classmethod
     def check_setting(cls, config, federation) -> None:
         if len(federation.target_ids) != 1:
-            raise UserError(
-                f"fada trains one target model on one target client, but the target domain has {len(federation.target_ids)} "
-                "clients: pass --clients-per-domain 1"
-            )
+            count = len(federation.target_ids)
+            raise UserError(f"fada trains one target model on one target client, but the target domain has {count} clients: pass --clients-per-domain 1")
 
     def build_net(self) -> FADANet:
         torch.manual_seed(derive_seed(self.config.run.seed, "model-init"))  # every client starts from the same weights
@@ -185,10 +146,9 @@ class FADA(Method):
         replies = ctx.call("adversarial", payload, sources, {"send_delta": send_delta})
         gradients = {str(cid): r.tensors[FEATURE_GRAD] for cid, r in replies.items()}
         aligned = ctx.call("align", gradients, [tid], {"seed": ctx.seed(tid, "features")})[tid]  # the features' inputs
-        metrics["domain_identifier_accuracy"] = self.per_source(replies, "domain_identifier_accuracy")
+        for key in ("domain_identifier_accuracy", "confusion_loss", "target_confusion_loss"):
+            metrics[key] = self.per_source(replies, key)
         metrics["mean_domain_identifier_accuracy"] = float(np.mean(list(metrics["domain_identifier_accuracy"].values())))
-        metrics["confusion_loss"] = self.per_source(replies, "confusion_loss")
-        metrics["target_confusion_loss"] = self.per_source(replies, "target_confusion_loss")
         metrics["target_feature_grad_norm"] = aligned.metrics["feature_grad_norm"]
         return replies
 
@@ -213,62 +173,50 @@ class FADA(Method):
             p = self.params
             torch.manual_seed(derive_seed(self.config.run.seed, "fada-parts", data.client_id))
             width = feature_width(state["net"].encoder, self.federation.input_shape)
-            state["parts"] = SourceParts(width, self.federation.num_classes, p.parts_hidden, p.identifier_hidden).to(self.device)
-            state["mine"] = MINELoss(p.mine_rate).to(self.device)
-            state["mine_optimizer"] = torch.optim.Adam(state["parts"].statistics.parameters(), lr=p.mine_lr)
+            parts = SourceParts(width, self.federation.num_classes, p.parts_hidden, p.identifier_hidden).to(self.device)
+            mine_optimizer = torch.optim.Adam(parts.statistics.parameters(), lr=p.mine_lr)  # kept across rounds
+            state.update(parts=parts, mine=MINELoss(p.mine_rate).to(self.device), mine_optimizer=mine_optimizer)
         return state
 
     @staticmethod
-    def require_source(data: ClientData, operation: str) -> None:
-        if data.is_target:  # the role, never train.y: the target's labels are not read, not even to test them
-            raise ValueError(f"FADA operation {operation!r} trains on labels: it runs on source clients only")
-
-    @staticmethod
-    def require_target(data: ClientData, operation: str) -> None:
-        if not data.is_target:
-            raise ValueError(f"FADA operation {operation!r} runs on the target client only")
+    def require(data: ClientData, operation: str, target: bool) -> None:
+        """Check the client's role (never train.y: the target's labels are not read, not even to test them)."""
+        if data.is_target != target:
+            where = "runs on the target client only" if target else "trains on labels: it runs on source clients only"
+            raise ValueError(f"FADA operation {operation!r} {where}")
 
     def source_reply(self, instruction: Instruction, state: Any, data: ClientData, tensors: dict, metrics: dict) -> Reply:
         """The stage's reply; the last stage of the round adds Delta_i = w_i - w_t, per named tensor."""
         if instruction.config.get("send_delta"):
-            start = state["start"]
-            for name, value in model_to_numpy(state["net"]).items():
-                tensors[DELTA + name] = value - start[name]
+            start, current = state["start"], model_to_numpy(state["net"])
+            tensors.update({DELTA + name: value - start[name] for name, value in current.items()})
         return Reply(data.client_id, tensors, metrics, num_examples=len(data.train))
 
     @client_operation
     def fit(self, instruction: Instruction, state: Any, data: ClientData) -> tuple[Reply, Any]:
         """Source: start from the target model, local epochs of cross-entropy on G_i, D_inv, C_i."""
-        self.require_source(data, "fit")
+        self.require(data, "fit", target=False)
         net, method = state["net"], self.config.method
         load_numpy(net, instruction.tensors)
         state["start"] = {name: np.array(value, copy=True) for name, value in instruction.tensors.items()}
-        optimizer = make_optimizer(net, method)
-        loss = train_epochs(net, data.train, method.local_epochs, method.batch_size, optimizer, instruction.config["seed"], self.device)
+        seed, optimizer = instruction.config["seed"], make_optimizer(net, method)
+        loss = train_epochs(net, data.train, method.local_epochs, method.batch_size, optimizer, seed, self.device)
         return self.source_reply(instruction, state, data, {}, {"train_loss": loss}), state
 
     @client_operation
     def features(self, instruction: Instruction, state: Any, data: ClientData) -> tuple[Reply, Any]:
         """Target: G_t's features of a seeded subset of its unlabeled inputs (target batch statistics)."""
-        self.require_target(data, "features")
+        self.require(data, "features", target=True)
         net = state["net"]
         with preserved_buffers(net):
-            encoded = encode_subset(
-                net, data.train.x, self.params.target_batch, instruction.config["seed"], self.device,
-                chunk=self.config.method.batch_size, batch_statistics=True,
-            )
+            encoded = encode_subset(net, data.train.x, self.params.target_batch, instruction.config["seed"], self.device,
+                                    chunk=self.config.method.batch_size, batch_statistics=True)
         return Reply(data.client_id, {"features": encoded}, {"num_features": float(len(encoded))}, num_examples=len(encoded)), state
 
     @client_operation
     def adversarial(self, instruction: Instruction, state: Any, data: ClientData) -> tuple[Reply, Any]:
-        """Source: DI_i learns source vs target features, then G_i confuses it (Eq. 3); returns d(confusion)/d(target features).
-
-        Alg. 1 alternates a classification step and an alignment step on each mini-batch; here the
-        alignment runs as its own stage, so G_i's step keeps the classification loss of the same source
-        batch (cross-entropy + lambda_adv * confusion, on G_i, D_inv, C_i). Without it a pass of pure
-        confusion steps erased the classifier (digits: source accuracy fell to chance).
-        """
-        self.require_source(data, "adversarial")
+        """Source: DI_i learns source vs target features, then G_i confuses it (Eq. 3); returns d(confusion)/d(target features)."""
+        self.require(data, "adversarial", target=False)
         p, method, seed = self.params, self.config.method, instruction.config["seed"]
         net, identifier = state["net"], state["parts"].domain_identifier
         target = torch.tensor(np.asarray(instruction.tensors[TARGET_FEATURES]), device=self.device)  # a copy: read-only arrays
@@ -276,8 +224,6 @@ class FADA(Method):
             net, identifier, make_optimizer(identifier, method), make_optimizer(net, method), target,
             torch.Generator().manual_seed(derive_seed(seed, "target-batch")),
         )
-        net.train()
-        identifier.train()
         rnd, rounds = instruction.config["round"], self.config.run.rounds
         steps = p.adversarial_steps or -(-len(data.train) // method.batch_size)
         batches = labeled_batches(data.train, method.batch_size, p.adversarial_steps, torch.Generator().manual_seed(seed), self.device)
@@ -290,12 +236,8 @@ class FADA(Method):
 
     @client_operation
     def align(self, instruction: Instruction, state: Any, data: ClientData) -> tuple[Reply, Any]:
-        """Target: one SGD step of G_t along the sources' mean gradient of the confusion loss w.r.t. its features.
-
-        Chunk by chunk of ``method.batch_size`` rows, as ``features`` encoded them (the same batch
-        statistics), each chunk back-propagated as it is encoded: the gradients accumulate in that order.
-        """
-        self.require_target(data, "align")
+        """Target: one SGD step of G_t along the sources' mean gradient of the confusion loss w.r.t. its features."""
+        self.require(data, "align", target=True)
         net, method, x = state["net"], self.config.method, data.train.x
         ordered = [np.asarray(instruction.tensors[k]) for k in sorted(instruction.tensors, key=int)]
         gradient = torch.stack([torch.tensor(g, device=self.device) for g in ordered]).mean(0)
@@ -303,66 +245,42 @@ class FADA(Method):
         index = np.sort(numpy_rng(instruction.config["seed"]).choice(len(x), size=count, replace=False))  # as encode_subset
         if len(index) != len(gradient):
             raise ValueError(f"align got gradients for {len(gradient)} target features, expected {len(index)}")
-        optimizer = make_optimizer(net.encoder, method)
-        chunk = method.batch_size
-        with preserved_buffers(net):
-            net.train()
-            optimizer.zero_grad(set_to_none=True)
-            for start in range(0, len(index), chunk):
-                part = net.features(torch.from_numpy(x[index[start : start + chunk]]).to(self.device))
-                (part * gradient[start : start + chunk]).sum().backward()
-            optimizer.step()
+        with preserved_buffers(net):  # the chunks of ``features``: the same batch statistics
+            follow_feature_gradient(net, x[index], gradient, make_optimizer(net.encoder, method), method.batch_size, self.device)
         return Reply(data.client_id, {}, {"feature_grad_norm": float(gradient.norm())}, num_examples=len(index)), state
 
     @client_operation
     def disentangle(self, instruction: Instruction, state: Any, data: ClientData) -> tuple[Reply, Any]:
         """Source: Eq. 4 (cross-entropy on both parts), Eq. 5 (entropy), Eq. 6 (MINE), Eq. 7 (reconstruction); G_i fixed."""
-        self.require_source(data, "disentangle")
-        p, method = self.params, self.config.method
-        net, parts = state["net"], state["parts"]
-        optimizers = {
-            "classify": make_optimizer([*net.invariant.parameters(), *net.head.parameters(), *parts.specific.parameters(),
-                                        *parts.class_identifier.parameters()], method),
-            "entropy": make_optimizer(parts.specific, method),
-            "statistics": state["mine_optimizer"],  # Adam, kept across rounds: SGD at the task's rate made T diverge
-            "disentangle": make_optimizer([*net.invariant.parameters(), *parts.specific.parameters(), *parts.reconstructor.parameters()], method),
-        }
-        objective = Disentanglement(net, parts, state["mine"], optimizers, p.lambda_entropy, p.lambda_mi, p.lambda_recon)
+        self.require(data, "disentangle", target=False)
+        p, method, net, parts = self.params, self.config.method, state["net"], state["parts"]
+        objective = Disentanglement(
+            net, parts, state["mine"], state["mine_optimizer"], lambda params: make_optimizer(params, method),
+            p.lambda_entropy, p.lambda_mi, p.lambda_recon,
+        )
         generator = torch.Generator().manual_seed(instruction.config["seed"])  # the batches and the MINE pairings
-        sums = dict.fromkeys(Disentanglement.METRICS, 0.0)
-        batches = 0
-        net.train()
-        parts.train()
         with preserved_buffers(net):
             for xb, yb in labeled_batches(data.train, method.batch_size, p.disentangle_steps, generator, self.device):
-                with torch.no_grad():
-                    generated = net.features(xb)
-                permutation = torch.randperm(len(xb), generator=generator).to(self.device)
-                for key, value in objective.step(generated, yb, permutation).items():
-                    sums[key] += value
-                batches += 1
-        metrics = {k: v / batches if batches else float("nan") for k, v in sums.items()}
-        return self.source_reply(instruction, state, data, {}, metrics), state
+                objective.step(xb, yb, generator)
+        return self.source_reply(instruction, state, data, {}, objective.metrics()), state
 
     @client_operation
     def update(self, instruction: Instruction, state: Any, data: ClientData) -> tuple[Reply, Any]:
         """Target: dynamic attention over the sources' deltas from gap-statistic gains, then w_t += sum_i a_i Delta_i."""
-        self.require_target(data, "update")
-        p, net, x = self.params, state["net"], data.train.x
+        self.require(data, "update", target=True)
+        p, net = self.params, state["net"]
         sources = [int(c) for c in instruction.config["sources"]]
         current = model_to_numpy(net)
         deltas = [{name: np.asarray(instruction.tensors[f"{cid}:{name}"]) for name in current} for cid in sources]
         metrics: dict[str, float] = {}
         if p.attention:
-            seed = instruction.config["seed"]
-            rng = numpy_rng(seed)
-            inputs = x[np.sort(rng.choice(len(x), size=min(p.gap_samples, len(x)), replace=False))]
             k = p.gap_clusters or self.federation.num_classes
-            encode = lambda weights: self.invariant_features(net, weights, inputs)  # noqa: E731
-            before, gains = gap_gains(encode, current, deltas, k, p.gap_references, rng, seed)
+            weights, before, gains = dynamic_attention(
+                lambda w, inputs: self.invariant_features(net, w, inputs), current, deltas, data.train.x,
+                p.gap_samples, k, p.gap_references, p.attention_temperature, instruction.config["seed"],
+            )
             metrics.update({f"gap_gain:{cid}": gain for cid, gain in zip(sources, gains)})
             metrics["gap_statistic"] = before
-            weights = softmax(np.asarray(gains), p.attention_temperature)
         else:
             weights = np.full(len(sources), 1.0 / len(sources))
         metrics.update({f"attention:{cid}": float(w) for cid, w in zip(sources, weights)})

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 from typing import Iterator
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -58,6 +59,22 @@ def preserved_buffers(model: nn.Module) -> Iterator[None]:
         with torch.no_grad():
             for name, b in model.named_buffers():
                 b.copy_(saved[name])
+
+
+def follow_feature_gradient(
+    net: FADANet, inputs: np.ndarray, gradient: torch.Tensor, optimizer: torch.optim.Optimizer, chunk: int, device: torch.device
+) -> None:
+    """One ``optimizer`` step of G along ``gradient`` = dL/dG(inputs), in training mode.
+
+    Chunk by chunk of ``chunk`` rows, each back-propagated as it is encoded, the parameter gradients
+    accumulating in that order (one backward pass through the concatenation would sum them in another).
+    """
+    net.train()
+    optimizer.zero_grad(set_to_none=True)
+    for start in range(0, len(inputs), chunk):
+        part = net.features(torch.from_numpy(inputs[start : start + chunk]).to(device))
+        (part * gradient[start : start + chunk]).sum().backward()
+    optimizer.step()
 
 
 def feature_width(encoder: nn.Module, input_shape: tuple[int, ...]) -> int:

@@ -19,6 +19,8 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
+from fedsim.seeding import numpy_rng
+
 Weights = Mapping[str, np.ndarray]
 
 
@@ -74,17 +76,20 @@ def apply_deltas(current: Weights, deltas: Sequence[Weights], weights: Sequence[
     return out
 
 
-def gap_gains(
-    encode: Callable[[Weights], np.ndarray], current: Weights, deltas: Sequence[Weights], k: int, references: int,
-    rng: np.random.Generator, seed: int,
-) -> tuple[float, list[float]]:
-    """(Gap(current), [Gap(current + delta_i) - Gap(current)]): ``encode(weights)`` gives the features of a model.
+def dynamic_attention(
+    encode: Callable[[Weights, np.ndarray], np.ndarray], current: Weights, deltas: Sequence[Weights], pool: np.ndarray,
+    samples: int, k: int, references: int, temperature: float, seed: int,
+) -> tuple[np.ndarray, float, list[float]]:
+    """(attention a_i, Gap(current), gains Gap(current + delta_i) - Gap(current)); ``encode(weights, inputs)``
+    gives the features of a model on inputs.
 
-    Every gap uses the same ``references`` uniform draws from ``rng`` (common random numbers, so the
-    gains carry no reference noise) and the same k-means seed.
+    The gaps use ``samples`` seeded rows of ``pool``, the same ``references`` uniform draws (common random
+    numbers, so the gains carry no reference noise) and the same k-means seed.
     """
-    before_features = encode(current)
+    rng = numpy_rng(seed)
+    inputs = pool[np.sort(rng.choice(len(pool), size=min(samples, len(pool)), replace=False))]
+    before_features = encode(current, inputs)
     uniform = rng.random((references, *before_features.shape))
     before = gap_statistic(before_features, k, uniform, seed)
-    gains = [gap_statistic(encode(apply_deltas(current, [delta], [1.0])), k, uniform, seed) - before for delta in deltas]
-    return before, gains
+    gains = [gap_statistic(encode(apply_deltas(current, [delta], [1.0]), inputs), k, uniform, seed) - before for delta in deltas]
+    return softmax(np.asarray(gains), temperature), before, gains

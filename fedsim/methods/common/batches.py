@@ -1,0 +1,33 @@
+"""Mini-batches counted in steps rather than epochs (FADA's adversarial and disentanglement stages).
+
+Built on :func:`fedsim.methods.common.training.minibatches`, the one mini-batch generator: ``steps``
+batches run over consecutive shuffled epochs, the last one cut short.
+"""
+from __future__ import annotations
+
+import itertools
+from typing import Iterator
+
+import torch
+
+from fedsim.data.base import ArraySplit
+from fedsim.methods.common.training import minibatches
+
+
+def batch_steps(count: int, batch_size: int, steps: int, generator: torch.Generator) -> Iterator[torch.Tensor]:
+    """Index batches of ``steps`` steps (one epoch when ``steps`` is 0); a skipped final batch of one
+    (see :func:`minibatches`) still counts as a step. Each epoch draws its order when it starts."""
+    per_epoch = -(-count // batch_size)
+    left = steps or per_epoch
+    while left > 0 and per_epoch > 0:
+        yield from itertools.islice(minibatches(count, batch_size, generator), min(left, per_epoch))
+        left -= per_epoch
+
+
+def labeled_batches(
+    split: ArraySplit, batch_size: int, steps: int, generator: torch.Generator, device: torch.device
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """(inputs, labels) on ``device`` for each index batch of :func:`batch_steps`."""
+    x, y = torch.from_numpy(split.x), torch.from_numpy(split.y)
+    for idx in batch_steps(len(x), batch_size, steps, generator):
+        yield x[idx].to(device), y[idx].to(device)
