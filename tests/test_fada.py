@@ -1,13 +1,13 @@
 """FADA (Peng et al., ICLR 2020): stages and switches, attention, losses, label and raw-data privacy, backends."""
+import dataclasses
 import math
 
 import numpy as np
 import pytest
 import torch
 
-from experiments.run import run_experiment
+from fedsim.api import run_experiment
 from fedsim.config import load_config
-from fedsim.data.base import ClientData
 from fedsim.data.scenario import build_federation, load_client_data
 from fedsim.errors import UserError
 from fedsim.losses.fada import (
@@ -20,11 +20,15 @@ from fedsim.losses.fada import (
     reconstruction_loss,
 )
 from fedsim.messages import Instruction
-from fedsim.methods.fada import FADA, batch_indices, gap_statistic, preserved_buffers, softmax
+from fedsim.methods.common.attention import apply_deltas, gap_statistic, softmax
+from fedsim.methods.common.batches import batch_steps
+from fedsim.methods.fada import FADA
+from fedsim.models.fada_parts import preserved_buffers
 from fedsim.runtime import Server
 
 from conftest import RecordingExecutor, run_until
-from fedsim.runtime.client_host import torch_threads
+from fedsim.runtime.client_host import HOST_OPERATIONS, torch_threads
+from fedsim.seeding import derive_seed
 
 FAST = [
     "method.name=fada", "method.target_batch=48", "method.gap_samples=48", "method.gap_references=2",
@@ -47,26 +51,28 @@ class LabelGuard:
         return len(self.x)
 
 
-class GuardedExecutor(RecordingExecutor):
-    """Records every call and guards the target's training labels."""
+def guard_target_labels(executor, federation):
+    """After the setup stage (standardization): the target's training labels raise when read, from its first state on."""
+    host = executor.host
+    for tid in federation.target_ids:
+        data = host._client(tid)
+        guarded = dataclasses.replace(data, train=LabelGuard(data.train.x))
+        host._data[tid] = guarded
+        host._state[tid] = host.method.init_client(guarded)
 
-    def __init__(self, config, federation):
-        super().__init__(config, federation)
-        for tid in federation.target_ids:
-            data = load_client_data(config.data, federation, tid)
-            guarded = ClientData(tid, data.domain, data.role, LabelGuard(data.train.x), data.test, data.num_classes)
-            self.host._data[tid] = guarded
-            self.host._state[tid] = self.host.method.init_client(guarded)
 
-    def operations(self):
-        return [next(iter(ins.values())).operation for ins, _ in self.calls]
+def instructions(executor, operation):
+    """{client id: Instruction} of every exchange of ``operation``, in order."""
+    return [ins for ins, _ in executor.calls if next(iter(ins.values())).operation == operation]
 
 
 def run_rounds(overrides, *extra, rounds=2):
     config = load_config(None, overrides + FAST + list(extra))
     federation = build_federation(config.data)
-    executor = GuardedExecutor(config, federation)
+    executor = RecordingExecutor(config, federation)
     server = Server(config, federation, executor)
+    server.setup(1)
+    guard_target_labels(executor, federation)
     history = [server.run_round(r, evaluate=True) for r in range(1, rounds + 1)]
     return config, federation, executor, server, history
 
@@ -79,6 +85,16 @@ def model_three(toy_overrides):
 def test_model_three_runs_every_stage_and_reports_its_metrics(model_three):
     config, federation, executor, server, history = model_three
     assert executor.operations() == (ALL_STAGES + ["evaluate"]) * 2
+    # each stage's seed is derived from (seed, round, client, operation), except align's: the inputs of features
+    tid = federation.target_ids[0]
+    for rnd, (features, align) in enumerate(zip(instructions(executor, "features"), instructions(executor, "align")), start=1):
+        seed = derive_seed(config.run.seed, rnd, tid, "features")
+        assert features[tid].config["seed"] == align[tid].config["seed"] == seed and align[tid].config["round"] == rnd
+    for rnd, update in enumerate(instructions(executor, "update"), start=1):
+        assert update[tid].config == {"seed": derive_seed(config.run.seed, rnd, tid, "update"), "round": rnd, "sources": federation.source_ids}
+    # only the last source stage of a round sends the deltas
+    for operation, last in (("fit", False), ("adversarial", False), ("disentangle", True)):
+        assert [ins.config["send_delta"] for call in instructions(executor, operation) for ins in call.values()] == [last] * 4
     sources = {federation.info(c).domain for c in federation.source_ids}
     for metrics in history:
         assert set(metrics["attention"]) == sources and math.isclose(sum(metrics["attention"].values()), 1.0, abs_tol=1e-9)
@@ -124,7 +140,7 @@ def test_target_training_operations_never_read_labels(model_three, toy_overrides
     guarded = executor.host._data[tid]
     with pytest.raises(AssertionError, match="labels were read"):
         guarded.train.y  # the guard is live: model_three ran every target operation through it without tripping
-    target_ops = {next(iter(ins.values())).operation for ins, _ in executor.calls if tid in ins}
+    target_ops = {operation for _, cid, operation, _ in executor.log if cid == tid} - set(HOST_OPERATIONS)
     assert target_ops == {"features", "align", "update", "evaluate"}
     method = server.method
     state = executor.host._state[tid]
@@ -174,8 +190,11 @@ def test_no_raw_input_or_label_crosses_the_wire_in_any_stage(model_three):
 
 def test_fada_refuses_several_target_clients_and_bad_params(toy_overrides):
     config = load_config(None, toy_overrides + ["method.name=fada", "data.clients_per_domain=2"])
+    federation = build_federation(config.data)
+    with pytest.raises(UserError, match="has 2 clients: pass --clients-per-domain 1"):
+        FADA.check_setting(config, federation)  # before anything is written
     with pytest.raises(UserError, match="clients-per-domain 1"):
-        FADA(config, build_federation(config.data))
+        FADA(config, federation)
     for bad in ("method.gap_references=0", "method.lambda_mi=-1", "method.mine_rate=0", "method.schedule=linear", "method.target_batch=1"):
         with pytest.raises(UserError, match=bad.split("=")[0]):
             load_config(None, toy_overrides + ["method.name=fada", bad])
@@ -184,7 +203,7 @@ def test_fada_refuses_several_target_clients_and_bad_params(toy_overrides):
 @pytest.mark.parametrize("overrides", [["run.clients_per_round=1"]])
 def test_sampled_sources_only_work_that_round(toy_overrides, overrides):
     _, federation, executor, _, history = run_rounds(toy_overrides, *overrides, rounds=1)
-    fit_clients = list(executor.calls[0][0])
+    fit_clients = list(instructions(executor, "fit")[0])
     assert len(fit_clients) == 1 and len(history[0]["attention"]) == 1 and list(history[0]["attention"].values()) == [1.0]
 
 
@@ -240,7 +259,7 @@ def test_gap_statistic_prefers_clustered_features_and_attention_is_a_softmax():
 def test_apply_adds_weighted_deltas_and_rounds_integer_buffers():
     current = {"w": np.ones((2, 2), np.float32), "steps": np.array(10)}
     deltas = [{"w": np.full((2, 2), 2.0, np.float32), "steps": np.array(4)}, {"w": np.full((2, 2), -1.0, np.float32), "steps": np.array(1)}]
-    out = FADA.apply(current, deltas, [0.25, 0.75])
+    out = apply_deltas(current, deltas, [0.25, 0.75])
     np.testing.assert_allclose(out["w"], np.full((2, 2), 1 + 0.5 - 0.75))
     assert out["w"].dtype == np.float32 and int(out["steps"]) == 12  # 10 + 1 + 0.75 -> 12
 
@@ -256,7 +275,8 @@ def test_domain_losses_entropy_and_reconstruction():
     features = torch.randn(4, 3, requires_grad=True)
     rebuilt = torch.zeros(4, 3, requires_grad=True)
     reconstruction_loss(rebuilt, features).backward()
-    assert features.grad is None and rebuilt.grad is not None
+    assert features.grad is None  # the features are a target, not moved
+    torch.testing.assert_close(rebuilt.grad, 2 * (rebuilt - features).detach() / features.numel())
 
 
 def test_mine_bound_and_its_bias_corrected_gradient():
@@ -303,7 +323,21 @@ def _mine_separates():
     assert estimates["dependent"] > 0.5 and abs(estimates["independent"]) < 0.15
 
 
-def test_preserved_buffers_and_batch_indices():
+def _batch_indices_before(n, batch_size, steps, generator):
+    """The step-counted batches FADA drew before they were built on ``minibatches`` (the reference)."""
+    wanted, done = steps if steps > 0 else -(-n // batch_size), 0
+    while done < wanted:
+        order = torch.randperm(n, generator=generator)
+        for start in range(0, n, batch_size):
+            if done >= wanted:
+                return
+            done += 1
+            idx = order[start : start + batch_size]
+            if len(idx) >= 2 or n < 2:
+                yield idx
+
+
+def test_preserved_buffers_and_batch_steps():
     model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4))
     before = model[1].running_mean.clone()
     with preserved_buffers(model):
@@ -311,7 +345,15 @@ def test_preserved_buffers_and_batch_indices():
         model(torch.randn(8, 3) + 5)
         assert not torch.equal(model[1].running_mean, before)
     assert torch.equal(model[1].running_mean, before)
-    batches = list(batch_indices(10, 4, 0, torch.Generator().manual_seed(0)))
+    batches = list(batch_steps(10, 4, 0, torch.Generator().manual_seed(0)))
     assert [len(b) for b in batches] == [4, 4, 2]
-    batches = list(batch_indices(9, 4, 5, torch.Generator().manual_seed(0)))  # cycles passes, drops single-sample batches
+    batches = list(batch_steps(9, 4, 5, torch.Generator().manual_seed(0)))  # cycles epochs, counts skipped single-sample batches
     assert [len(b) for b in batches] == [4, 4, 4, 4]
+    # the same batches and the same later draws as before, with another draw between batches (the MINE pairing)
+    for n, batch_size, steps in [(10, 4, 0), (9, 4, 5), (9, 4, 6), (12, 4, 7), (1, 4, 3), (17, 5, 11)]:
+        runs = []
+        for make in (batch_steps, _batch_indices_before):
+            generator = torch.Generator().manual_seed(3)
+            runs.append([(b.tolist(), torch.randperm(len(b), generator=generator).tolist()) for b in make(n, batch_size, steps, generator)])
+            runs[-1].append(torch.randperm(5, generator=generator).tolist())
+        assert runs[0] == runs[1], (n, batch_size, steps)
