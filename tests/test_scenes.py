@@ -71,7 +71,7 @@ def test_max_train_subsets_images_with_their_boxes(tiny, scenes):
 
 
 def test_clients_get_their_boxes_in_client_data_and_the_target_no_training_boxes(tiny, scenes):
-    config = load_config(None, ["data.benchmark=scenes", "data.target=dusk", "data.variant=tiny", f"data.cache_dir={tiny.cache_dir}"])
+    config = load_config(None, ["method.name=fedod", "data.benchmark=scenes", "data.target=dusk", "data.variant=tiny", f"data.cache_dir={tiny.cache_dir}"])
     federation = build_federation(config.data)
     assert [c.domain for c in federation.clients] == ["server", "night", "fog", "farm", "dusk"]
     night = load_client_data(config.data, federation, 1)
