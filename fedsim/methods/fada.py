@@ -91,6 +91,7 @@ class FADA(Method):
 
     Params = FADAParams
     transient_state_keys = ()  # every client keeps its own model: nothing is a shared cache
+    published_state_keys = ("net",)  # each client's model is sent on purpose: w_t by the target, w_i - w_t by a source
 
     def __init__(self, config, federation, device: str = "cpu"):
         super().__init__(config, federation, device)
@@ -279,8 +280,7 @@ class FADA(Method):
                 lambda w, inputs: self.invariant_features(net, w, inputs), current, deltas, data.train.x,
                 p.gap_samples, k, p.gap_references, p.attention_temperature, instruction.config["seed"],
             )
-            metrics.update({f"gap_gain:{cid}": gain for cid, gain in zip(sources, gains)})
-            metrics["gap_statistic"] = before
+            metrics.update({f"gap_gain:{cid}": gain for cid, gain in zip(sources, gains)}, gap_statistic=before)
         else:
             weights = np.full(len(sources), 1.0 / len(sources))
         metrics.update({f"attention:{cid}": float(w) for cid, w in zip(sources, weights)})
