@@ -151,6 +151,7 @@ def test_dadil_alphas_live_in_the_server_state(toy_overrides):
     for cid in federation.client_ids:
         labeled = federation.info(cid).domain != federation.target
         assert ("y" in uploads[cid].tensors) == labeled  # the target's labels are never uploaded
+        assert "train_features" not in executor.host.private_state(cid)  # uploaded: the client keeps no copy
         alpha = server.state["alphas"][cid]
         assert alpha.sum() == pytest.approx(1.0, abs=1e-5) and not np.allclose(alpha, 1 / 3)
         assert evaluations[cid].config["alpha"] == [float(a) for a in alpha]

@@ -27,7 +27,6 @@ from fedsim.methods.common import dictionary as dil
 from fedsim.methods.common.encoder_stage import EncoderStage
 from fedsim.methods.common.training import minibatches
 from fedsim.registry import METHODS
-from fedsim.seeding import derive_seed
 
 
 @METHODS.register("dadil")
@@ -49,12 +48,9 @@ class DaDiL(Method):
 
     # ---- server half ------------------------------------------------------
     def init_server(self) -> ServerState:
-        p = self.params
-        atoms_x, atoms_logits = dil.init_atoms(
-            self.num_atoms, p.samples_per_atom, self.encoder.feature_dim, self.federation.num_classes, derive_seed(self.config.run.seed, "atoms")
-        )
+        atoms = dil.initial_dictionary(self.params, self.num_atoms, self.encoder.feature_dim, self.federation.num_classes, self.config.run.seed)
         alphas = {cid: np.full(self.num_atoms, 1.0 / self.num_atoms, np.float32) for cid in self.federation.client_ids}
-        return {"atoms_x": atoms_x, "atoms_logits": atoms_logits, **self.encoder.init_server(), "alphas": alphas}
+        return {**atoms, **self.encoder.init_server(), "alphas": alphas}
 
     def run_round(self, ctx, state: ServerState) -> tuple[ServerState, dict]:
         if self.encoder.is_encoder_round(ctx.round):
@@ -74,7 +70,9 @@ class DaDiL(Method):
         """E epochs of Adam on the atom batch and every alpha_l, one step per mini-batch of every domain
         (summed losses); a domain with fewer batches starts over. Returns the last epoch's losses."""
         p = self.params
-        optimizer = torch.optim.Adam([{"params": [atoms_x, atoms_logits], "lr": p.lr_atoms}, {"params": list(alphas.values()), "lr": p.lr_alpha}])
+        optimizer = torch.optim.Adam(
+            [{"params": [atoms_x, atoms_logits], "lr": p.lr_atoms}, {"params": list(alphas.values()), "lr": p.lr_alpha}]
+        )
         data = {}
         for cid, (x, y) in pool.items():
             generator = torch.Generator().manual_seed(ctx.seed(cid, "dil"))
@@ -125,7 +123,8 @@ class DaDiL(Method):
     @client_operation
     def upload(self, instruction: Instruction, state: Any, data: ClientData) -> tuple[Reply, Any]:
         """Send the training features (and a source's labels) to the server: the centralized setting."""
-        train_x, _ = self.encoder.features(state, data, instruction.tensors)
+        self.encoder.prepare(state, data, instruction.tensors)
+        train_x = state.pop("train_features")  # the server holds them now: the client keeps no copy
         tensors = {"x": train_x.numpy()}
         if data.train.y is not None:
             tensors["y"] = data.train.y
@@ -136,7 +135,7 @@ class DaDiL(Method):
         """DaDiL-R and DaDiL-E with the alpha the server learned for this client's domain."""
         if "atoms_x" not in instruction.tensors:
             return self.encoder.evaluate(instruction, state, data)
-        _, test_x = self.encoder.features(state, data, instruction.tensors)
-        alpha = torch.tensor(instruction.config["alpha"], dtype=torch.float32)
-        metrics = dil.evaluate_predictors(instruction.tensors, alpha, test_x, data.test.y, self.params, instruction.config["seed"])
+        self.encoder.prepare(state, data, instruction.tensors)
+        alpha, seed = torch.tensor(instruction.config["alpha"], dtype=torch.float32), instruction.config["seed"]
+        metrics = dil.evaluate_predictors(instruction.tensors, alpha, state["test_features"], data.test.y, self.params, seed)
         return Reply(data.client_id, {}, metrics, num_examples=len(data.test)), state

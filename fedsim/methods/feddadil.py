@@ -34,7 +34,7 @@ from fedsim.methods.common import dictionary as dil
 from fedsim.methods.common.encoder_stage import EncoderStage
 from fedsim.methods.common.training import minibatches
 from fedsim.registry import METHODS
-from fedsim.seeding import derive_seed, numpy_rng
+from fedsim.seeding import numpy_rng
 
 
 @METHODS.register("feddadil")
@@ -55,11 +55,8 @@ class FedDaDiL(Method):
 
     # ---- server half ------------------------------------------------------
     def init_server(self) -> ServerState:
-        p = self.params
-        atoms_x, atoms_logits = dil.init_atoms(
-            self.num_atoms, p.samples_per_atom, self.encoder.feature_dim, self.federation.num_classes, derive_seed(self.config.run.seed, "atoms")
-        )
-        return {"atoms_x": atoms_x, "atoms_logits": atoms_logits, **self.encoder.init_server()}
+        atoms = dil.initial_dictionary(self.params, self.num_atoms, self.encoder.feature_dim, self.federation.num_classes, self.config.run.seed)
+        return {**atoms, **self.encoder.init_server()}
 
     def atom_batch(self, rnd: int) -> np.ndarray:
         return dil.atom_batch(self.config.run.seed, rnd, self.params, self.config.method.batch_size)
@@ -116,7 +113,8 @@ class FedDaDiL(Method):
     def dil(self, instruction: Instruction, state: Any, data: ClientData) -> tuple[Reply, Any]:
         """E local epochs of Adam on the client's copy of the atom batch and on its alpha (Alg. 1, ClientUpdate)."""
         p = self.params
-        train_x, _ = self.encoder.features(state, data, instruction.tensors)
+        self.encoder.prepare(state, data, instruction.tensors)
+        train_x = state["train_features"]
         atoms_x, atoms_logits = dil.trainable_atoms(instruction.tensors["atoms_x"], instruction.tensors["atoms_logits"])
         alpha = state["alpha"].clone().requires_grad_(True)
         optimizer = torch.optim.Adam([{"params": [atoms_x, atoms_logits], "lr": p.lr_atoms}, {"params": [alpha], "lr": p.lr_alpha}])
@@ -141,6 +139,7 @@ class FedDaDiL(Method):
         """DaDiL-R and DaDiL-E with the client's own alpha (FedAvg's evaluation during the encoder stage)."""
         if "atoms_x" not in instruction.tensors:
             return self.encoder.evaluate(instruction, state, data)
-        _, test_x = self.encoder.features(state, data, instruction.tensors)
-        metrics = dil.evaluate_predictors(instruction.tensors, state["alpha"], test_x, data.test.y, self.params, instruction.config["seed"])
+        self.encoder.prepare(state, data, instruction.tensors)
+        alpha, seed = state["alpha"], instruction.config["seed"]
+        metrics = dil.evaluate_predictors(instruction.tensors, alpha, state["test_features"], data.test.y, self.params, seed)
         return Reply(data.client_id, {}, metrics, num_examples=len(data.test)), state

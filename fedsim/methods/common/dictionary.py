@@ -28,7 +28,7 @@ from fedsim.errors import UserError
 from fedsim.ot.barycenter import labeled_barycenter
 from fedsim.ot.simplex import project_simplex
 from fedsim.ot.wasserstein import SOLVERS, wasserstein_distance
-from fedsim.seeding import numpy_rng
+from fedsim.seeding import derive_seed, numpy_rng
 
 
 @dataclass(frozen=True)
@@ -81,6 +81,12 @@ def init_atoms(k: int, n: int, dim: int, classes: int, seed: int) -> tuple[np.nd
     logits = np.zeros((k, n, classes), np.float32)
     np.put_along_axis(logits, labels[..., None], 3.0, axis=2)
     return x, logits
+
+
+def initial_dictionary(p: DictionaryParams, k: int, dim: int, classes: int, root_seed: int) -> dict[str, np.ndarray]:
+    """The server's starting atoms (``atoms_x``, ``atoms_logits``), seeded by the run's seed alone."""
+    atoms_x, atoms_logits = init_atoms(k, p.samples_per_atom, dim, classes, derive_seed(root_seed, "atoms"))
+    return {"atoms_x": atoms_x, "atoms_logits": atoms_logits}
 
 
 def atom_batch(root_seed: int, rnd: int, p: DictionaryParams, batch_size: int) -> np.ndarray:
@@ -200,7 +206,8 @@ def predict_ensemble(atoms_x, atoms_logits, alpha, x_test, p: DictionaryParams, 
     return probabilities.argmax(1)
 
 
-def evaluate_predictors(tensors, alpha: torch.Tensor, test_x: torch.Tensor, test_y: np.ndarray, p: DictionaryParams, seed: int) -> dict:
+def evaluate_predictors(tensors, alpha: torch.Tensor, test_x: torch.Tensor, test_y: np.ndarray, p: DictionaryParams,
+                        seed: int) -> dict:
     """Correct counts of DaDiL-R (``correct``) and DaDiL-E (``correct_E``) on one domain's test features."""
     atoms_x = torch.tensor(np.asarray(tensors["atoms_x"]))
     atoms_logits = torch.tensor(np.asarray(tensors["atoms_logits"]))

@@ -101,17 +101,17 @@ class EncoderStage:
         stats = feature_stats(self.encode(state["model"], data.train.x).numpy())
         return Reply(data.client_id, stats.to_tensors(), {}, num_examples=len(data.train)), state
 
-    def features(self, state: Any, data: ClientData, tensors: Tensors) -> tuple[torch.Tensor, torch.Tensor]:
-        """The client's train and test features, computed once after the encoder stage (kept in its state)."""
+    def prepare(self, state: Any, data: ClientData, tensors: Tensors) -> None:
+        """Encode and standardize the client's splits once (``train_features``, ``test_features`` in its state):
+        when the encoder and the standardization arrive (first dictionary round), or on first use."""
         if "weights" in tensors:
             load_numpy(state["model"], tensors["weights"])
             state["feature_mean"] = torch.tensor(np.asarray(tensors["feature_mean"]))
             state["feature_std"] = torch.tensor(np.asarray(tensors["feature_std"]))
-            state.pop("train_features", None)
-        if "train_features" not in state:
+            state.pop("test_features", None)
+        if "test_features" not in state:
             state["train_features"] = self.standardized(state, data.train.x)
             state["test_features"] = self.standardized(state, data.test.x)
-        return state["train_features"], state["test_features"]
 
     def standardized(self, state: Any, x: np.ndarray) -> torch.Tensor:
         if not self.uses_encoder:
