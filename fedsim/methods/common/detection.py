@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, ClassVar, Optional
 
 import torch
 
@@ -94,6 +94,10 @@ class DetectionMethod(Method):
     task = "detection"
     Params = DetectionParams
     transient_state_keys = ("model", "train", "teacher_models")  # a shared detector, the torch form of the data, teachers
+    #: client-state keys whose content the protocol sends on purpose (the privacy contract test should leave them
+    #: out): ``own`` holds FedOD's w_i (uploaded every round as teachers) and, on the server host, those teachers;
+    #: FedBN/FedRep's personal parts (uploaded in evaluated rounds so that the server host scores M_i on S)
+    disclosed_state_keys: ClassVar[tuple[str, ...]] = ("own",)
     #: who hosts what (:func:`detection_roles`)
     roles: DetectionRoles
     #: the detector's architecture: the method's size parameters, the benchmark's classes and image size
