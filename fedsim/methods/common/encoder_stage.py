@@ -54,7 +54,7 @@ class EncoderStage:
     @staticmethod
     def check_setting(requested_rounds: int, federation) -> None:
         if uses_encoder(federation) and encoder_rounds(requested_rounds, federation) == 0:
-            raise UserError("feddadil on image inputs needs an encoder: set method.encoder_rounds to 1 or more")
+            raise UserError("a dataset dictionary on image inputs needs an encoder: set method.encoder_rounds to 1 or more")
 
     def is_encoder_round(self, rnd: int) -> bool:
         return rnd <= self.rounds
