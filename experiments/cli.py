@@ -1,6 +1,7 @@
-"""The ``fedsim`` command line: ``fedsim run``, ``fedsim sweep``, ``fedsim report`` and ``fedsim list``.
+"""The ``fedsim`` command line: ``fedsim run``, ``fedsim sweep``, ``fedsim reproduce``, ``fedsim report`` and ``fedsim list``.
 
-Bad input ends with one line naming the problem and the fix, exit code 2.
+Bad input ends with one line naming the problem and the fix, exit code 2, before anything is written
+(numeric flags are range-checked by :mod:`experiments.flags`, the same rule for every command).
 """
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import time
 from pathlib import Path
 from typing import Optional, Sequence
 
+from experiments.flags import check_numeric_flags
 from fedsim.errors import UserError
 
 log = logging.getLogger("fedsim")
@@ -61,10 +63,11 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--out", help="run directory (default runs/<date>-<method>-<benchmark>-<target>)")
     run.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE", help="override any config key, e.g. method.lr=0.01")
     run.add_argument("-q", "--quiet", action="store_true", help="no progress bar and no table")
-    sub.add_parser("list", help="list methods, benchmarks and their domains")
-    from experiments import report, sweep  # light imports: Ray and matplotlib load only when a command runs
+    sub.add_parser("list", help="list methods (with their task), benchmarks and their domains")
+    from experiments import report, reproduce, sweep  # light imports: Ray and matplotlib load only when a command runs
 
     sweep.add_arguments(sub.add_parser("sweep", help="Ray Tune grid over methods x local epochs x seeds (x any --set list)"))
+    reproduce.add_arguments(sub.add_parser("reproduce", help="run a paper's protocol (a spec: grid + claims) as Ray Tune trials"))
     report.add_arguments(sub.add_parser("report", help="plots and a markdown table for a run or a sweep directory"))
     return parser
 
@@ -143,16 +146,17 @@ def cmd_run(args) -> int:
 
 
 def cmd_list() -> int:
-    from fedsim.data.scenario import get_benchmark
     from fedsim.config import DataConfig
+    from fedsim.data.scenario import get_benchmark
     from fedsim.registry import BENCHMARKS, METHODS
 
+    width = max(len(name) for name in METHODS.names() + BENCHMARKS.names() + list(METHODS.unavailable))
     print("methods:")
     for name in METHODS.names():
-        doc = (METHODS.get(name).__doc__ or "").strip().splitlines()
-        print(f"  {name:12s} {doc[0] if doc else ''}")
+        cls = METHODS.get(name)
+        print(f"  {name:{width}s} {cls.task:14s} {cls.description()}")
     for module, reason in sorted(METHODS.unavailable.items()):
-        print(f"  {module:12s} (not available: {reason})")
+        print(f"  {module:{width}s} (not available: {reason})")
     print("benchmarks:")
     for name in BENCHMARKS.names():
         benchmark = get_benchmark(DataConfig(benchmark=name))
@@ -160,8 +164,25 @@ def cmd_list() -> int:
             domains = ", ".join(benchmark.domains())
         except UserError as exc:
             domains = f"(user files: {exc})"
-        print(f"  {name:12s} {benchmark.describe()}\n  {'':12s} domains: {domains}")
+        print(f"  {name:{width}s} {type(benchmark).task:14s} {type(benchmark).description()}\n  {'':{width}s} domains: {domains}")
     return 0
+
+
+#: command -> its function, or the module whose ``run(args)`` it is (imported only when it runs)
+COMMANDS = {"run": cmd_run, "sweep": "experiments.sweep", "reproduce": "experiments.reproduce", "report": "experiments.report"}
+#: numeric flags that take comma lists, per command
+LIST_FLAGS = {"sweep": ("local_epochs", "seeds", "cpus_per_client", "gpus_per_client"), "reproduce": ("seeds",)}
+
+
+def dispatch(args) -> int:
+    """Range-check the numeric flags, then run the command."""
+    import importlib
+
+    check_numeric_flags(args, lists=LIST_FLAGS.get(args.command, ()))
+    if args.command == "list":
+        return cmd_list()
+    command = COMMANDS[args.command]
+    return command(args) if callable(command) else importlib.import_module(command).run(args)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -173,17 +194,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         parser.print_help()
         return 2
     try:
-        if args.command == "run":
-            return cmd_run(args)
-        if args.command == "sweep":
-            from experiments.sweep import run as cmd_sweep
-
-            return cmd_sweep(args)
-        if args.command == "report":
-            from experiments.report import run as cmd_report
-
-            return cmd_report(args)
-        return cmd_list()
+        return dispatch(args)
     except UserError as exc:
         print(f"fedsim: error: {exc}", file=sys.stderr)
         return 2

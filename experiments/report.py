@@ -20,15 +20,15 @@ from __future__ import annotations
 import argparse
 import csv
 import json
-import math
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 
+from experiments.grouping import format_mean_std, groups, mean_std
+from experiments.report_plots import PLOTS, plot_accuracy_per_round, plot_accuracy_vs_bytes, plot_accuracy_vs_local_epochs
 from fedsim.errors import UserError
 
-PLOTS = ("accuracy_per_round.png", "accuracy_vs_local_epochs.png", "accuracy_vs_bytes.png")
 # run-directory configs: keys that never describe the experiment itself
 _IGNORED_KEYS = {"run.out", "run.progress", "run.tensorboard", "run.address", "data.cache_dir", "data.root", "run.seed",
                  "method.name", "method.local_epochs"}
@@ -151,49 +151,6 @@ def load_records(path: Path) -> tuple[str, list[dict]]:
     return "runs", records
 
 
-# ----------------------------------------------------------------------------- grouping
-
-
-def _group_key(record: dict) -> tuple:
-    return tuple((k, v) for k, v in record["params"].items() if k != "seed")
-
-
-def _label(key: tuple, skip: tuple = ()) -> str:
-    parts = []
-    for name, value in key:
-        if name in skip:
-            continue
-        if name == "method":
-            parts.insert(0, str(value))
-        elif name == "local_epochs":
-            parts.append(f"E={value}")
-        else:
-            parts.append(f"{name}={value}")
-    return ", ".join(parts) if parts else "run"
-
-
-def groups(records: list[dict]) -> dict[tuple, list[dict]]:
-    """Records with the same parameters except the seed, in first-seen order."""
-    out: dict[tuple, list[dict]] = {}
-    for r in records:
-        out.setdefault(_group_key(r), []).append(r)
-    return out
-
-
-def _mean_std(values: list) -> tuple[Optional[float], Optional[float], int]:
-    vals = [float(v) for v in values if v is not None and not (isinstance(v, float) and math.isnan(v))]
-    if not vals:
-        return None, None, 0
-    std = float(np.std(vals, ddof=1)) if len(vals) > 1 else None
-    return float(np.mean(vals)), std, len(vals)
-
-
-def _fmt(mean: Optional[float], std: Optional[float], digits: int = 4) -> str:
-    if mean is None:
-        return "n/a"
-    return f"{mean:.{digits}f}" if std is None else f"{mean:.{digits}f} ± {std:.{digits}f}"
-
-
 def markdown_table(records: list[dict]) -> str:
     """Means ± sample standard deviations over seeds, one row per method and setting."""
     grouped = groups(records)
@@ -203,120 +160,13 @@ def markdown_table(records: list[dict]) -> str:
     for key, members in grouped.items():
         done = [r for r in members if r.get("status", "finished") == "finished"]
         seeds = ",".join(str(r["params"].get("seed")) for r in done)
-        acc = _mean_std([r.get("target_accuracy") for r in done])
-        src = _mean_std([r.get("mean_source_accuracy") for r in done])
-        mb = _mean_std([((r.get("bytes_sent") or 0) + (r.get("bytes_received") or 0)) / 1e6 for r in done] if done else [])
-        wall = _mean_std([r.get("wall_seconds") for r in done])
-        cells = [str(v) for _, v in key] + [seeds or "none finished", _fmt(*acc[:2]), _fmt(*src[:2]), _fmt(*mb[:2], digits=2), _fmt(*wall[:2], digits=1)]
+        acc = mean_std([r.get("target_accuracy") for r in done])
+        src = mean_std([r.get("mean_source_accuracy") for r in done])
+        mb = mean_std([((r.get("bytes_sent") or 0) + (r.get("bytes_received") or 0)) / 1e6 for r in done] if done else [])
+        wall = mean_std([r.get("wall_seconds") for r in done])
+        cells = [str(v) for _, v in key] + [seeds or "none finished", format_mean_std(*acc[:2]), format_mean_std(*src[:2]), format_mean_std(*mb[:2], digits=2), format_mean_std(*wall[:2], digits=1)]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
-
-
-# ----------------------------------------------------------------------------- plots
-
-
-def _figure():
-    from matplotlib.figure import Figure  # Agg canvas, no pyplot state, no display needed
-
-    fig = Figure(figsize=(6.4, 4.2), dpi=110)
-    return fig, fig.add_subplot(1, 1, 1)
-
-
-def _colors(grouped: dict) -> dict:
-    import matplotlib
-
-    methods = sorted({dict(k).get("method") for k in grouped}, key=str)
-    cmap = matplotlib.colormaps["tab10"]
-    return {m: cmap(i % 10) for i, m in enumerate(methods)}
-
-
-def _curves(members: list[dict], x_key: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Per-round target accuracy of a group: x (mean over seeds), mean and std, evaluated rounds only."""
-    by_round: dict[int, list[tuple[float, float]]] = {}
-    for r in members:
-        for h in r["history"]:
-            if h.get("target_accuracy") is not None:
-                by_round.setdefault(int(h["round"]), []).append((float(h[x_key]), float(h["target_accuracy"])))
-    rounds = sorted(by_round)
-    x = np.array([np.mean([p[0] for p in by_round[k]]) for k in rounds])
-    y = np.array([np.mean([p[1] for p in by_round[k]]) for k in rounds])
-    s = np.array([np.std([p[1] for p in by_round[k]], ddof=1) if len(by_round[k]) > 1 else 0.0 for k in rounds])
-    return x, y, s
-
-
-_STYLES = ["-", "--", ":", "-."]
-
-
-def _linestyle(grouped: dict, key: tuple) -> str:
-    """Colour = method, line style = local epochs."""
-    epochs = sorted({dict(k).get("local_epochs") for k in grouped}, key=str)
-    return _STYLES[epochs.index(dict(key).get("local_epochs")) % len(_STYLES)]
-
-
-def _finish(fig, ax, path: Path, xlabel: str, ylabel: str, title: str) -> Path:
-    """Labels, grid and legend as every report plot has them; saves the figure to ``path``."""
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel(ylabel)
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path)
-    return path
-
-
-def plot_accuracy_per_round(records: list[dict], path: Path, title: str) -> Path:
-    grouped = groups(records)
-    colors = _colors(grouped)
-    fig, ax = _figure()
-    for key, members in grouped.items():
-        x, y, s = _curves(members, "round")
-        if len(x) == 0:
-            continue
-        params = dict(key)
-        color = colors[params.get("method")]
-        ax.plot(x, y, _linestyle(grouped, key), color=color, marker="o", ms=3, label=_label(key))
-        if s.any():
-            ax.fill_between(x, y - s, y + s, color=color, alpha=0.15)
-    from matplotlib.ticker import MaxNLocator
-
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    return _finish(fig, ax, path, "round", "target accuracy", f"Target accuracy per round{title}")
-
-
-def plot_accuracy_vs_local_epochs(records: list[dict], path: Path, title: str) -> Path:
-    lines: dict[tuple, dict[Any, list]] = {}
-    for r in records:
-        if r.get("status", "finished") != "finished":
-            continue
-        key = tuple((k, v) for k, v in r["params"].items() if k not in ("seed", "local_epochs"))
-        lines.setdefault(key, {}).setdefault(r["params"].get("local_epochs"), []).append(r.get("target_accuracy"))
-    colors = _colors({k: None for k in lines})
-    fig, ax = _figure()
-    for key, by_epochs in lines.items():
-        xs = sorted((e for e in by_epochs if e is not None), key=float)
-        stats = [_mean_std(by_epochs[e]) for e in xs]
-        keep = [(float(e), m, s or 0.0) for e, (m, s, _) in zip(xs, stats) if m is not None]
-        if not keep:
-            continue
-        ex, mean, std = (np.array(v) for v in zip(*keep))
-        ax.errorbar(ex, mean, yerr=std, marker="o", capsize=3, color=colors[dict(key).get("method")], label=_label(key))
-    ticks = sorted({float(e) for by_epochs in lines.values() for e in by_epochs if e is not None})
-    if ticks:
-        ax.set_xticks(ticks)
-    return _finish(fig, ax, path, "local epochs per round", "final target accuracy", f"Final target accuracy vs local epochs{title}")
-
-
-def plot_accuracy_vs_bytes(records: list[dict], path: Path, title: str) -> Path:
-    grouped = groups(records)
-    colors = _colors(grouped)
-    fig, ax = _figure()
-    for key, members in grouped.items():
-        x, y, _ = _curves(members, "bytes_total")
-        if len(x) == 0:
-            continue
-        ax.plot(x / 1e6, y, _linestyle(grouped, key), marker="o", ms=3, color=colors[dict(key).get("method")], label=_label(key))
-    return _finish(fig, ax, path, "MB communicated (sent + received, cumulative)", "target accuracy", f"Target accuracy vs communication{title}")
 
 
 # ----------------------------------------------------------------------------- the command

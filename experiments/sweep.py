@@ -36,20 +36,10 @@ import warnings
 from pathlib import Path
 from typing import Optional
 
-from experiments.sweep_grid import (ALWAYS_AXES, COLUMNS, FORBIDDEN_SET, GRID_FLAGS, SweepSpec, parse_list, parse_set,
-                                    point_key, prepare, render, spec_from_args)
+from experiments.sweep_grid import SweepSpec, prepare, spec_from_args
 from experiments.sweep_results import collect_records, write_results
-from experiments.sweep_trial import (RUNS_DIR, TRIAL_CPUS, TrialPlan, TrialResources, TuneReport, flatten, plan_trial,
-                                     run_trial, summary_row)
+from experiments.sweep_trial import TrialResources, plan_trial, run_trial
 from fedsim.errors import UserError
-
-__all__ = [  # the command, and what it re-exports from the modules it is built from
-    "add_arguments", "run", "TUNE_NAME", "SPEC_FILE", "SPEC_FLAGS",
-    "ALWAYS_AXES", "COLUMNS", "FORBIDDEN_SET", "GRID_FLAGS", "SweepSpec", "parse_list", "parse_set", "point_key", "prepare",
-    "render", "spec_from_args",
-    "collect_records", "write_results",
-    "RUNS_DIR", "TRIAL_CPUS", "TrialPlan", "TrialResources", "TuneReport", "flatten", "plan_trial", "run_trial", "summary_row",
-]
 
 log = logging.getLogger(__name__)
 
@@ -110,6 +100,63 @@ def _fit(tuner):
                 signal.signal(sig, handler)
 
 
+def run_grid(spec: SweepSpec, configs: dict, clients: dict, out: Path, *, address: Optional[str], resume: bool,
+             quiet: bool, files: Optional[dict[str, str]] = None) -> list[dict]:
+    """Start or join Ray, place every trial, run (or resume) the Tuner in ``out``; one record per trial.
+
+    ``files`` (name -> text) are written into ``out`` once every check has passed, just before the
+    first trial starts (not on ``resume``): nothing is written when a check fails."""
+    import ray
+    from ray import tune
+
+    from actors.backend import _check_reachable, connect
+
+    if address:
+        _check_reachable(address)  # also when this process already runs Ray
+    started = connect(address)
+    try:
+        cluster = ray.cluster_resources()
+        if any(c.resources.gpus_per_client > 0 for c in configs.values()) and cluster.get("GPU", 0) == 0:
+            warnings.warn("--gpus-per-client asked for GPUs but the Ray cluster has none: client actors run on CPU", RuntimeWarning, stacklevel=2)
+        plans = {key: plan_trial(config, clients[key], cluster) for key, config in configs.items()}
+        tune_dir = out.resolve() / TUNE_NAME
+        if resume and not tune.Tuner.can_restore(str(tune_dir)):
+            raise UserError(f"--out {out} has no Tune state to resume ({tune_dir} is missing or empty): start anew in another directory")
+        out.mkdir(parents=True, exist_ok=True)
+        for name, text in ({} if resume else (files or {})).items():
+            (out / name).write_text(text)
+        trainable = tune.with_resources(tune.with_parameters(run_trial, spec_json=spec.to_json(), sweep_dir=str(out.resolve())),
+                                        TrialResources(plans))
+        if resume:
+            tuner = tune.Tuner.restore(str(tune_dir), trainable=trainable, resume_unfinished=True, restart_errored=True)
+        else:
+            param_space = {key: tune.grid_search(values) for key, values in spec.axes.items()}
+            tuner = tune.Tuner(
+                trainable,
+                param_space=param_space,
+                tune_config=tune.TuneConfig(reuse_actors=True),
+                run_config=tune.RunConfig(name=TUNE_NAME, storage_path=str(out.resolve()), verbose=0 if quiet else 1,
+                                          failure_config=tune.FailureConfig(max_failures=0)),
+            )
+        log.info("%d trials in %s", len(configs), out)
+        return collect_records(_fit(tuner), spec, configs)
+    finally:
+        if started:
+            ray.shutdown()
+
+
+def report_failures(records: list[dict], command: str, out: Path) -> int:
+    """Failed and unfinished trials on stderr; 1 when some did not finish (continue with --resume), else 0."""
+    for r in records:
+        if r["status"] == "error":
+            print(f"fedsim: trial {r['trial_id']} failed: {r.get('error', '')}", file=sys.stderr)
+    unfinished = [r for r in records if r["status"] != "finished"]
+    if unfinished:
+        print(f"fedsim: {len(unfinished)} of {len(records)} trials did not finish: continue with '{command} --resume --out {out}'", file=sys.stderr)
+        return 1
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     """``fedsim sweep``: check everything, start or join Ray, run (or resume) the Tuner, write the report."""
     from experiments import report as report_module
@@ -124,58 +171,13 @@ def run(args: argparse.Namespace) -> int:
         spec = spec_from_args(args)
         out = None
     configs, clients = prepare(spec)
-    base = next(iter(configs.values()))
     if out is None:
-        out = _resolve_out(args, spec, base)
-
-    import ray
-    from ray import tune
-
-    from actors.backend import _check_reachable, connect
-
-    if args.address:
-        _check_reachable(args.address)  # also when this process already runs Ray
-    started = connect(args.address)
-    try:
-        cluster = ray.cluster_resources()
-        if any(c.resources.gpus_per_client > 0 for c in configs.values()) and cluster.get("GPU", 0) == 0:
-            warnings.warn("--gpus-per-client asked for GPUs but the Ray cluster has none: client actors run on CPU", RuntimeWarning, stacklevel=2)
-        plans = {key: plan_trial(config, clients[key], cluster) for key, config in configs.items()}
-        tune_dir = out.resolve() / TUNE_NAME
-        if args.resume and not tune.Tuner.can_restore(str(tune_dir)):
-            raise UserError(f"--out {out} has no Tune state to resume ({tune_dir} is missing or empty): start a new sweep")
-        out.mkdir(parents=True, exist_ok=True)
-        if not args.resume:
-            (out / SPEC_FILE).write_text(spec.to_json())
-        trainable = tune.with_resources(tune.with_parameters(run_trial, spec_json=spec.to_json(), sweep_dir=str(out.resolve())),
-                                        TrialResources(plans))
-        if args.resume:
-            tuner = tune.Tuner.restore(str(tune_dir), trainable=trainable, resume_unfinished=True, restart_errored=True)
-        else:
-            param_space = {key: tune.grid_search(values) for key, values in spec.axes.items()}
-            tuner = tune.Tuner(
-                trainable,
-                param_space=param_space,
-                tune_config=tune.TuneConfig(reuse_actors=True),
-                run_config=tune.RunConfig(name=TUNE_NAME, storage_path=str(out.resolve()), verbose=0 if args.quiet else 1,
-                                          failure_config=tune.FailureConfig(max_failures=0)),
-            )
-        log.info("sweep of %d trials in %s", len(configs), out)
-        grid = _fit(tuner)
-        records = collect_records(grid, spec, configs)
-    finally:
-        if started:
-            ray.shutdown()
+        out = _resolve_out(args, spec, next(iter(configs.values())))
+    records = run_grid(spec, configs, clients, out, address=args.address, resume=args.resume, quiet=args.quiet,
+                       files={SPEC_FILE: spec.to_json()})
     write_results(out, records)
     written = report_module.write_report(out, records)
-    unfinished = [r for r in records if r["status"] != "finished"]
     if not args.quiet:
         print(report_module.markdown_table(records))
         print(f"sweep directory: {out}  ({', '.join(p.name for p in written)}, results.csv, rounds.csv; Tune: {out / TUNE_NAME})")
-    for r in records:
-        if r["status"] == "error":
-            print(f"fedsim: trial {r['trial_id']} failed: {r.get('error', '')}", file=sys.stderr)
-    if unfinished:
-        print(f"fedsim: {len(unfinished)} of {len(records)} trials did not finish: continue with 'fedsim sweep --resume --out {out}'", file=sys.stderr)
-        return 1
-    return 0
+    return report_failures(records, "fedsim sweep", out)

@@ -23,7 +23,9 @@ GRID_FLAGS = {
     "gpus_per_client": ("resources.gpus_per_client", "gpus_per_client", float, "0,0.25"),
 }
 ALWAYS_AXES = ("method.name", "method.local_epochs", "run.seed")  # columns every results.csv has
-COLUMNS = {key: column for key, column, _, _ in GRID_FLAGS.values()}
+#: axis whose values name one of ``SweepSpec.variants`` (a whole config of its own: `fedsim reproduce`'s runs)
+VARIANT_KEY = "spec.variant"
+COLUMNS = {**{key: column for key, column, _, _ in GRID_FLAGS.values()}, VARIANT_KEY: "variant"}
 FORBIDDEN_SET = {
     "run.address": "pass --address instead",
     "run.out": "pass --out instead",
@@ -42,6 +44,9 @@ class SweepSpec:
     base: dict  # the YAML file's sections
     overrides: list[str]
     axes: dict[str, list] = field(default_factory=dict)  # config key -> values, in flag order
+    #: name -> {"config_file", "base", "overrides"}: a point's ``VARIANT_KEY`` value picks one (its base and
+    #: overrides replace the spec's own base and come after the spec's overrides)
+    variants: dict[str, dict] = field(default_factory=dict)
 
     def points(self) -> list[dict[str, Any]]:
         keys = list(self.axes)
@@ -52,6 +57,7 @@ class SweepSpec:
         from fedsim.config import SECTIONS
 
         method = point.get("method.name")
+        variant = self.variants[point[VARIANT_KEY]] if VARIANT_KEY in point else {}
         out = []
         for text in self.overrides:
             key, value = text.split("=", 1)
@@ -60,7 +66,8 @@ class SweepSpec:
                 out.append(text)
             elif section == method:
                 out.append(f"method.{name}={value}")
-        return out + [f"{key}={render(value)}" for key, value in point.items()]
+        out += list(variant.get("overrides", []))  # a variant's own overrides: plain config keys, applied as they are
+        return out + [f"{key}={render(value)}" for key, value in point.items() if key != VARIANT_KEY]
 
     def config_for(self, point: dict[str, Any], extra: tuple[str, ...] = ("run.progress=false",)):
         """The point's ExperimentConfig. Method parameters of the YAML file (``method.mu``) are kept
@@ -68,7 +75,8 @@ class SweepSpec:
         from fedsim.config import MethodConfig, load_config
         from fedsim.registry import METHODS
 
-        raw = {k: dict(v or {}) for k, v in self.base.items()}
+        base = self.variants[point[VARIANT_KEY]]["base"] if VARIANT_KEY in point else self.base
+        raw = {k: dict(v or {}) for k, v in base.items()}
         method = point.get("method.name")
         section = raw.get("method")
         if isinstance(section, dict) and method and section.get("name", MethodConfig.name) != method and method in METHODS:
@@ -84,13 +92,13 @@ class SweepSpec:
                             "with --set <method>.<key>=VALUE") from None
 
     def to_json(self) -> str:
-        return json.dumps({"config_file": self.config_file, "base": self.base, "overrides": self.overrides, "axes": self.axes},
-                          indent=2, default=str) + "\n"
+        return json.dumps({"config_file": self.config_file, "base": self.base, "overrides": self.overrides, "axes": self.axes,
+                           "variants": self.variants}, indent=2, default=str) + "\n"
 
     @classmethod
     def from_json(cls, text: str) -> "SweepSpec":
         raw = json.loads(text)
-        return cls(raw["config_file"], dict(raw["base"]), list(raw["overrides"]), dict(raw["axes"]))
+        return cls(raw["config_file"], dict(raw["base"]), list(raw["overrides"]), dict(raw["axes"]), dict(raw.get("variants", {})))
 
 
 def render(value: Any) -> str:

@@ -28,22 +28,37 @@ def _int(value: Any) -> Optional[int]:
     return None if value is None else int(value)
 
 
-def _history(rows: list[dict]) -> list[dict]:
-    """Per-round rows of one trial; a trial restarted by --resume starts its rounds again, keep the last attempt."""
-    history: list[dict] = []
+def _attempt(rows: list[dict]) -> list[dict]:
+    """The per-round rows of one trial's last attempt (a trial restarted by --resume starts its rounds again)."""
+    kept: list[dict] = []
     for row in rows:
         rnd = _cell(row.get("round"))
         if rnd is None:
             continue
-        if history and int(rnd) <= history[-1]["round"]:
-            history = []
-        history.append({
-            "round": int(rnd),
-            "target_accuracy": _cell(row.get("target_accuracy")),
-            "mean_source_accuracy": _cell(row.get("mean_source_accuracy")),
-            "bytes_total": (_int(row.get("bytes_sent_total")) or 0) + (_int(row.get("bytes_received_total")) or 0),
-        })
-    return history
+        if kept and int(rnd) <= int(kept[-1]["round"]):
+            kept = []
+        kept.append(row)
+    return kept
+
+
+def _history(rows: list[dict]) -> list[dict]:
+    """The fixed columns of ``rounds.csv`` for each round of the last attempt."""
+    return [{
+        "round": int(_cell(row["round"])),
+        "target_accuracy": _cell(row.get("target_accuracy")),
+        "mean_source_accuracy": _cell(row.get("mean_source_accuracy")),
+        "bytes_total": (_int(row.get("bytes_sent_total")) or 0) + (_int(row.get("bytes_received_total")) or 0),
+    } for row in rows]
+
+
+def _numbers(row: dict, prefix: str = "") -> dict[str, float]:
+    """The numeric cells of a Tune row whose name starts with ``prefix`` (prefix removed)."""
+    out = {}
+    for key, value in row.items():
+        value = _cell(value)
+        if key.startswith(prefix) and isinstance(value, (int, float)) and not isinstance(value, bool):
+            out[key[len(prefix):]] = value
+    return out
 
 
 def collect_records(result_grid, spec: SweepSpec, configs: dict[str, Any]) -> list[dict]:
@@ -54,7 +69,8 @@ def collect_records(result_grid, spec: SweepSpec, configs: dict[str, Any]) -> li
         config = configs.get(point_key(point))
         frame = result.metrics_dataframe
         rows = [] if frame is None else frame.to_dict("records")
-        history = _history(rows)
+        attempt = _attempt(rows)
+        history = _history(attempt)
         final = rows[-1] if rows and _cell(rows[-1].get("summary/rounds")) is not None else {}
         if result.error:
             status = "error"
@@ -78,6 +94,8 @@ def collect_records(result_grid, spec: SweepSpec, configs: dict[str, Any]) -> li
             "wall_seconds": _cell(final.get("summary/wall_seconds")),
             "client_nodes": _cell(last.get("client_nodes")) or "",
             "history": history,
+            "summary": _numbers(final, "summary/"),  # every number of the run's summary, flattened
+            "round_metrics": [_numbers(row) for row in attempt],  # every number reported in each round
         }
         if result.error:
             text = str(result.error).strip()

@@ -128,10 +128,11 @@ def run_trial(params: dict, spec_json: str = "", sweep_dir: str = "") -> None:
 
 
 def summary_row(summary: dict, nodes: str) -> dict:
-    """The last result of a trial: the run's summary under ``summary/`` (its presence marks the trial finished)."""
+    """The last result of a trial: the run's summary under ``summary/`` (its presence marks the trial finished),
+    every number of it flattened (``summary/source_accuracy/usps``, ``summary/final_detection/wg/A_com``)."""
     sources = list((summary.get("source_accuracy") or {}).values())
-    row = {f"summary/{key}": summary[key] for key in ("rounds", "target_accuracy", "bytes_sent", "bytes_received", "wall_seconds")
-           if summary.get(key) is not None}
+    row = {f"summary/{key}": value for key, value in flatten(summary).items()
+           if isinstance(value, (int, float)) and not isinstance(value, bool)}
     if sources:
         row["summary/mean_source_accuracy"] = sum(sources) / len(sources)
     if nodes:

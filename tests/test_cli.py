@@ -54,25 +54,45 @@ def test_run_with_clients_per_domain_and_dirichlet(toy_overrides, tmp_path):
 
 
 def test_list_shows_methods_benchmarks_and_domains(capsys):
+    from fedsim.registry import BENCHMARKS, METHODS
+
     assert main(["list"]) == 0
-    printed = capsys.readouterr().out
-    for word in ("fedavg", "fedprox", "digits", "npz", "mnistm", "usps", "synth"):
-        assert word in printed
+    lines = capsys.readouterr().out.splitlines()
+    for word in ("mnistm", "usps", "synth"):
+        assert any(word in line for line in lines)
+    for registry in (METHODS, BENCHMARKS):
+        for name in registry.names():
+            cls = registry.get(name)
+            description = cls.description()
+            assert description and cls.task in ("classification", "detection"), name
+            # one line per entry: the name, its task, its one-line description
+            assert any(line.split()[:2] == [name, cls.task] and line.rstrip().endswith(description) for line in lines), name
+    assert any(line.split()[:2] == ["fedod", "detection"] for line in lines)
 
 
 BAD_INPUTS = [
     (["--method", "fedavgg"], "unknown method 'fedavgg'"),
     (["--target", "svhn"], "unknown target domain"),
-    (["--rounds", "0"], "run.rounds must be a positive integer"),
-    (["--rounds", "-2"], "run.rounds must be a positive integer"),
+    (["--rounds", "0"], "--rounds must be an integer of 1 or more, got '0'"),
+    (["--rounds", "-2"], "--rounds must be an integer of 1 or more, got '-2'"),
+    (["--rounds", "2.5"], "--rounds must be an integer of 1 or more, got '2.5'"),
+    (["--rounds", "many"], "--rounds must be an integer of 1 or more, got 'many'"),
+    (["--local-epochs", "-1"], "--local-epochs must be an integer of 1 or more, got '-1'"),
+    (["--clients-per-domain", "0"], "--clients-per-domain must be an integer of 1 or more, got '0'"),
+    (["--seed", "-1"], "--seed must be an integer of 0 or more, got '-1'"),
+    (["--gpus-per-client", "-0.5"], "--gpus-per-client must be a number of 0 or more, got '-0.5'"),
+    (["--inject-faults", "-1"], "--inject-faults must be an integer of 0 or more, got '-1'"),
+    (["--set", "run.rounds=0"], "run.rounds must be a positive integer"),
+    (["--method", "fedod", "--benchmark", "digits"], "pick a detection benchmark with --benchmark (coco, scenes)"),
+    (["--method", "fedavg", "--benchmark", "scenes"], "pick a classification benchmark"),
     (["--set", "method.lrr=0.1"], "did you mean 'lr'"),
     (["--config", "/nonexistent/config.yaml"], "does not exist"),
     (["--backend", "spark"], "run.backend must be 'ray' or 'local'"),
-    (["--cpus-per-client", "0"], "cpus_per_client must be positive"),
+    (["--cpus-per-client", "0"], "--cpus-per-client must be a number above 0, got '0'"),
     (["--benchmark", "npz"], "no default target"),
     (["--benchmark", "npz", "--target", "a"], "data.root"),
     (["--sources", "svhn"], "unknown source domain"),
-    (["--clients-per-round", "0"], "clients_per_round must be positive"),
+    (["--clients-per-round", "0"], "--clients-per-round must be a number above 0, got '0'"),
 ]
 
 

@@ -6,8 +6,9 @@ import pytest
 from matplotlib.image import imread
 
 from experiments.cli import main
-from experiments.report import PLOTS, load_records, markdown_table
-from experiments.sweep import write_results
+from experiments.report import load_records, markdown_table
+from experiments.report_plots import PLOTS
+from experiments.sweep_results import write_results
 
 
 def _flags(overrides):

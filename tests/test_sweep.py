@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from experiments.cli import build_parser, main
-from experiments.sweep import (TRIAL_CPUS, TrialPlan, TrialResources, TuneReport, flatten, plan_trial, point_key,
-                               spec_from_args)
+from experiments.sweep_grid import point_key, spec_from_args
+from experiments.sweep_trial import TRIAL_CPUS, TrialPlan, TrialResources, TuneReport, flatten, plan_trial, summary_row
 from fedsim.config import load_config
 from fedsim.errors import UserError
 
@@ -74,7 +74,11 @@ BAD_SWEEPS = [
     (["--methods", "fedavg,,fedprox"], "bad list for --methods"),
     (["--local-epochs", "1,x"], "bad value 'x' in --local-epochs"),
     (["--seeds", "0,0"], "lists '0' twice"),
-    (["--local-epochs", "0"], "method.local_epochs must be positive"),
+    (["--local-epochs", "0"], "--local-epochs must be an integer of 1 or more, got '0'"),
+    (["--local-epochs", "1,-1"], "--local-epochs must be an integer of 1 or more, got '-1'"),
+    (["--seeds", "0,-1"], "--seeds must be an integer of 0 or more, got '-1'"),
+    (["--cpus-per-client", "0.5,0"], "--cpus-per-client must be a number above 0, got '0'"),
+    (["--rounds", "0"], "--rounds must be an integer of 1 or more, got '0'"),
     (["--set", "method.lrr=0.1,0.2"], "did you mean 'lr'"),
     (["--set", "run.backend=local"], "every trial runs on the Ray backend"),
     (["--rounds", "2,3"], "sweep it with --set run.rounds=2,3"),

@@ -1,0 +1,95 @@
+"""`fedsim reproduce PAPER`: a paper's protocol (``experiments/specs/<paper>.yaml``) run as Ray Tune trials.
+
+    fedsim reproduce fada                    # the full grid: every run x target x seed
+    fedsim reproduce fada --quick            # the spec's smoke-test grid (few rounds, tiny data)
+    fedsim reproduce --spec my-protocol.yaml --address auto --seeds 0,1,2
+    fedsim reproduce --resume --out runs/reproduce-fada-...
+
+Each trial is one run x benchmark x target x seed of the spec (:mod:`experiments.reproduce_spec`),
+placed and run by `fedsim sweep`'s machinery (:func:`experiments.sweep.run_grid`), so ``--address auto``
+spreads the grid over a cluster and ``--resume`` finishes an interrupted one. The output directory holds
+``results.csv`` (one line per table row x target x seed), ``table.md``, ``claims.md``, the plots
+(:mod:`experiments.reproduce_plots`), Tune's experiment (``tune/``), the trials' run directories
+(``runs/``), ``reproduce.json`` and ``sweep.json`` (the grid, for ``--resume``).
+"""
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+from typing import Optional
+
+from experiments.reproduce_results import claims_text, results_rows, table, write_results_csv
+from experiments.reproduce_spec import PaperSpec, available, from_json, load_spec, shrink, to_json, to_sweep
+from experiments.sweep import SPEC_FILE, TUNE_NAME, report_failures, run_grid
+from experiments.sweep_grid import SweepSpec, parse_list, prepare
+from fedsim.errors import UserError
+
+STATE_FILE = "reproduce.json"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("paper", nargs="?", help=f"the paper whose protocol to run: {', '.join(available())}")
+    parser.add_argument("--spec", help="your own protocol: a YAML spec file (see experiments/specs/ and docs/cluster.md)")
+    parser.add_argument("--quick", action="store_true", help="the spec's smoke-test grid: few rounds, tiny data, one seed")
+    parser.add_argument("--seeds", help="comma-separated root seeds replacing the spec's, e.g. 0,1,2")
+    parser.add_argument("--address", help="join an existing Ray cluster (host:port or auto); default: a fresh local cluster")
+    parser.add_argument("--out", help="output directory (default runs/reproduce-<paper>[-quick]-<date>)")
+    parser.add_argument("--resume", action="store_true", help="finish the interrupted grid in --out (its grid comes from reproduce.json)")
+    parser.add_argument("-q", "--quiet", action="store_true", help="no Tune progress, no table")
+
+
+def _fresh_out(out: Optional[str], spec: PaperSpec, quick: bool) -> Path:
+    path = Path(out or f"runs/reproduce-{spec.name}{'-quick' if quick else ''}-{time.strftime('%Y%m%d-%H%M%S')}")
+    if path.exists() and not path.is_dir():
+        raise UserError(f"--out {out} is a file: give a directory path")
+    if (path / STATE_FILE).exists() or (path / TUNE_NAME).exists():
+        raise UserError(f"--out {path} already holds a reproduction: pass --resume to finish it, or choose another directory")
+    return path
+
+
+def _resumed(args: argparse.Namespace) -> tuple[PaperSpec, SweepSpec, Path]:
+    given = [flag for flag, value in (("PAPER", args.paper), ("--spec", args.spec), ("--quick", args.quick), ("--seeds", args.seeds))
+             if value]
+    if given:
+        raise UserError(f"--resume takes the grid from the directory's {STATE_FILE}: drop {', '.join(given)}")
+    if not args.out:
+        raise UserError("--resume needs --out DIR: the directory of the reproduction to finish")
+    out = Path(args.out)
+    if not (out / STATE_FILE).is_file() or not (out / SPEC_FILE).is_file():
+        raise UserError(f"--out {args.out} holds no reproduction ({STATE_FILE} missing): give the directory of an earlier 'fedsim reproduce'")
+    return from_json((out / STATE_FILE).read_text()), SweepSpec.from_json((out / SPEC_FILE).read_text()), out
+
+
+def write_outputs(spec: PaperSpec, records: list[dict], out: Path) -> list[Path]:
+    """results.csv, table.md, claims.md and the plots; returns the paths written."""
+    from experiments.reproduce_plots import write_plots
+
+    lines = results_rows(spec, records)
+    written = [write_results_csv(out / "results.csv", lines)]
+    for name, text in (("table.md", table(spec, lines)), ("claims.md", claims_text(spec, lines))):
+        (out / name).write_text(text)
+        written.append(out / name)
+    return written + write_plots(spec, records, lines, out)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Check the spec and every trial's config, run (or resume) the grid, write the outputs."""
+    if args.resume:
+        spec, sweep_spec, out = _resumed(args)
+    else:
+        seeds = parse_list("seeds", args.seeds, int, "0,1,2") if args.seeds else None
+        spec = shrink(load_spec(args.paper, args.spec), args.quick, seeds)
+        sweep_spec = to_sweep(spec)
+        out = None
+    configs, clients = prepare(sweep_spec)
+    if out is None:
+        out = _fresh_out(args.out, spec, args.quick)
+    records = run_grid(sweep_spec, configs, clients, out, address=args.address, resume=args.resume, quiet=args.quiet,
+                       files={STATE_FILE: to_json(spec), SPEC_FILE: sweep_spec.to_json()})
+    written = write_outputs(spec, records, out)
+    if not args.quiet:
+        print((out / "table.md").read_text())
+        print((out / "claims.md").read_text())
+        print(f"reproduction of {spec.name} in {out}: {', '.join(p.name for p in written)}")
+    return report_failures(records, "fedsim reproduce", out)

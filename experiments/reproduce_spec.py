@@ -1,0 +1,241 @@
+"""A paper's protocol as data: the spec files of `fedsim reproduce` (``experiments/specs/<paper>.yaml``).
+
+A spec names the runs (a shipped config + overrides), the benchmarks and target domains they run on,
+the seeds, the rows of the table (a run and the metrics read from its summary: several rows may read
+one run, e.g. FedDaDiL's R and E predictors), the paper's claims as orderings of rows on a metric,
+per-round series to plot, and a ``quick`` section that shrinks the grid to a smoke test.
+Every trial is one run x benchmark x target x seed; :func:`to_sweep` turns the grid into the
+:class:`experiments.sweep_grid.SweepSpec` that `fedsim sweep`'s machinery runs as Ray Tune trials.
+The format is documented in ``docs/cluster.md`` ("Reproducing a paper").
+"""
+from __future__ import annotations
+
+import copy
+import difflib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+from experiments.sweep_grid import VARIANT_KEY, SweepSpec
+from fedsim.errors import UserError
+
+SPECS_DIR = Path(__file__).parent / "specs"
+CONFIGS_DIR = Path(__file__).parent / "configs"
+DEFAULT_METRICS = {"target": "target_accuracy", "source": "source_accuracy"}
+KEYS = {
+    "spec": {"paper", "description", "seeds", "set", "set_last", "benchmarks", "runs", "rows", "metrics", "columns", "claims", "series", "quick"},
+    "benchmark": {"targets", "set", "run_set"},
+    "run": {"config", "set", "only"},
+    "row": {"name", "label", "run", "metrics", "vars"},
+    "claim": {"claim", "order", "metric", "strict", "benchmark", "target", "per_target"},
+    "series": {"metric", "title", "runs", "benchmark", "target", "split"},
+    "quick": {"seeds", "targets", "set", "run_set", "runs"},
+}
+REQUIRED = {"spec": ("paper", "benchmarks", "runs", "rows"), "row": ("name",), "claim": ("claim", "order"),
+            "series": ("metric", "runs")}
+
+
+def available() -> list[str]:
+    return sorted(p.stem for p in SPECS_DIR.glob("*.yaml"))
+
+
+def _check_keys(kind: str, raw: Any, where: str) -> dict:
+    if not isinstance(raw, dict):
+        raise UserError(f"{where} must be a mapping of keys ({', '.join(sorted(KEYS[kind]))}), got {raw!r}")
+    for key in raw:
+        if key not in KEYS[kind]:
+            close = difflib.get_close_matches(str(key), sorted(KEYS[kind]), n=1)
+            hint = f"did you mean {close[0]!r}?" if close else f"valid keys: {', '.join(sorted(KEYS[kind]))}"
+            raise UserError(f"unknown key {key!r} in {where}: {hint}")
+    for key in REQUIRED.get(kind, ()):
+        if key not in raw:
+            raise UserError(f"{where} has no {key!r}: every {kind} needs one")
+    return raw
+
+
+def _strings(value: Any, where: str) -> list[str]:
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise UserError(f"{where} must be a list of strings, got {value!r}")
+    return list(value)
+
+
+@dataclass
+class Row:
+    name: str
+    label: str
+    run: str
+    metrics: dict[str, str]  # metric name -> reference (see experiments.reproduce_results.metric_value)
+
+
+@dataclass
+class Claim:
+    text: str
+    order: list[list[tuple[str, str]]]  # groups of (row, metric), each group above the next
+    strict: bool
+    benchmark: Optional[str]
+    target: Optional[str]  # None: the mean over the benchmark's targets (or each target with per_target)
+    per_target: bool = False
+
+
+@dataclass
+class PaperSpec:
+    name: str
+    raw: dict  # the spec as read (after --quick and --seeds): what reproduce.json keeps for --resume
+    origin: Path  # folder that relative config paths start from
+
+    def __post_init__(self):
+        raw = _check_keys("spec", self.raw, f"spec {self.name}")
+        for key, kind in (("benchmarks", dict), ("runs", dict), ("rows", list), ("claims", list), ("series", list)):
+            if not isinstance(raw.get(key, kind()), kind):
+                raise UserError(f"spec {self.name}: {key} must be a {'mapping' if kind is dict else 'list'}, got {raw[key]!r}")
+        self.paper = str(raw["paper"])
+        self.seeds = [int(s) for s in raw.get("seeds", [0])]
+        self.settings = _strings(raw.get("set", []), f"spec {self.name}: set")
+        self.last_settings = _strings(raw.get("set_last", []), f"spec {self.name}: set_last")  # after the runs' own
+        self.benchmarks = {name: _check_keys("benchmark", dict(b or {}), f"benchmark {name}") for name, b in raw["benchmarks"].items()}
+        for name, bench in self.benchmarks.items():
+            _strings(bench.setdefault("targets", []), f"benchmark {name}: targets")
+            if not bench["targets"]:
+                raise UserError(f"benchmark {name} lists no targets: give targets: [domain, ...]")
+        self.runs = {name: _check_keys("run", run, f"run {name}") for name, run in raw["runs"].items()}
+        metrics = {**DEFAULT_METRICS, **(raw.get("metrics") or {})}
+        self.rows = [self._row(r, metrics) for r in raw["rows"]]
+        self.columns = _strings(raw.get("columns", list(DEFAULT_METRICS)), f"spec {self.name}: columns")
+        self.claims = [self._claim(c) for c in raw.get("claims", [])]
+        self.series = [_check_keys("series", s, f"series {s.get('metric') if isinstance(s, dict) else s}") for s in raw.get("series", [])]
+        for s in self.series:
+            self._known("run", s["runs"], self.runs, f"series {s['metric']}")
+
+    def _known(self, kind: str, names: list[str], valid: dict, where: str) -> None:
+        for name in names:
+            if name not in valid:
+                close = difflib.get_close_matches(str(name), list(valid), n=1)
+                hint = f"did you mean {close[0]!r}?" if close else f"the spec's {kind}s: {', '.join(valid)}"
+                raise UserError(f"{where} names an unknown {kind} {name!r}: {hint}")
+
+    def _row(self, raw: dict, metrics: dict) -> Row:
+        raw = _check_keys("row", raw, f"row {raw.get('name') if isinstance(raw, dict) else raw}")
+        run = raw.get("run", raw["name"])
+        self._known("run", [run], self.runs, f"row {raw['name']}")
+        values = {"row": raw["name"], "run": run, **{k: str(v) for k, v in (raw.get("vars") or {}).items()}}
+        merged = {**metrics, **(raw.get("metrics") or {})}
+        try:
+            resolved = {name: str(ref).format(**values) for name, ref in merged.items()}
+        except KeyError as exc:
+            raise UserError(f"row {raw['name']}: a metric template uses {{{exc.args[0]}}}: give it under vars:") from None
+        return Row(raw["name"], str(raw.get("label", raw["name"])), run, resolved)
+
+    def _claim(self, raw: dict) -> Claim:
+        raw = _check_keys("claim", raw, f"claim {raw.get('claim') if isinstance(raw, dict) else raw!r}")
+        metric = raw.get("metric", "target")
+        rows = {r.name: r for r in self.rows}
+        order = []
+        for group in raw["order"]:
+            items = []
+            for item in (group if isinstance(group, list) else [group]):
+                name, _, own = str(item).partition(":")
+                self._known("row", [name], rows, f"claim {raw['claim']!r}")
+                if (own or metric) not in rows[name].metrics:
+                    raise UserError(f"claim {raw['claim']!r}: row {name} has no metric {own or metric!r} "
+                                    f"(it has {', '.join(rows[name].metrics)})")
+                items.append((name, own or metric))
+            order.append(items)
+        if len(order) < 2:
+            raise UserError(f"claim {raw['claim']!r}: order needs two or more rows to compare")
+        return Claim(str(raw["claim"]), order, bool(raw.get("strict", True)), raw.get("benchmark"), raw.get("target"),
+                     bool(raw.get("per_target", False)))
+
+    # ---- the grid -----------------------------------------------------------
+    def variants(self) -> list[tuple[str, str, str, str]]:
+        """(variant name, run, benchmark, target) of every trial but the seed, in spec order."""
+        out = []
+        for run_name, run in self.runs.items():
+            only = run.get("only") or {}
+            for bench_name, bench in self.benchmarks.items():
+                if only and bench_name not in only:
+                    continue
+                for target in bench["targets"]:
+                    if only and target not in only[bench_name]:
+                        continue
+                    out.append((f"{run_name}@{bench_name}.{target}", run_name, bench_name, target))
+        return out
+
+    def config_file(self, run: str) -> Optional[Path]:
+        """The run's YAML file (next to the spec, else in experiments/configs); None: the library's defaults."""
+        name = self.runs[run].get("config")
+        if name is None:
+            return None
+        for folder in (self.origin, CONFIGS_DIR):
+            if (folder / name).is_file():
+                return (folder / name).resolve()
+        raise UserError(f"run {run}: config file {name!r} is neither in {self.origin} nor in {CONFIGS_DIR}")
+
+
+def load_spec(paper: Optional[str], spec_file: Optional[str]) -> PaperSpec:
+    """``fedsim reproduce PAPER`` or ``--spec FILE`` -> the checked spec."""
+    from fedsim.config import read_yaml
+
+    if (paper is None) == (spec_file is None):
+        raise UserError(f"give a paper ({', '.join(available())}) or --spec FILE, not {'both' if paper else 'neither'}")
+    if paper is not None:
+        if paper not in available():
+            close = difflib.get_close_matches(paper, available(), n=1)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            raise UserError(f"unknown paper {paper!r}: {hint}choose one of {', '.join(available())}, or give your own with --spec FILE")
+        path = SPECS_DIR / f"{paper}.yaml"
+    else:
+        path = Path(spec_file)
+        if not path.is_file():
+            raise UserError(f"spec file {spec_file} does not exist: give the path of a YAML spec (see experiments/specs/)")
+    raw = read_yaml(str(path)) or {}
+    return PaperSpec(path.stem, raw, path.resolve().parent)
+
+
+def shrink(spec: PaperSpec, quick: bool, seeds: Optional[list[int]]) -> PaperSpec:
+    """The grid that runs: ``--quick`` applies the spec's quick section, ``--seeds`` replaces the seeds."""
+    raw = copy.deepcopy(spec.raw)
+    if quick:
+        small = _check_keys("quick", dict(raw.pop("quick", None) or {}), f"spec {spec.name}: quick")
+        raw["seeds"] = small.get("seeds", raw.get("seeds", [0]))[:]
+        raw["set_last"] = list(raw.get("set_last", [])) + _strings(small.get("set", []), f"spec {spec.name}: quick.set")
+        for bench, targets in (small.get("targets") or {}).items():
+            spec._known("benchmark", [bench], spec.benchmarks, f"spec {spec.name}: quick.targets")
+            raw["benchmarks"][bench] = {**(raw["benchmarks"][bench] or {}), "targets": list(targets)}
+        for run, extra in (small.get("run_set") or {}).items():
+            spec._known("run", [run], spec.runs, f"spec {spec.name}: quick.run_set")
+            raw["runs"][run] = {**raw["runs"][run], "set": list(raw["runs"][run].get("set", [])) + _strings(extra, f"quick.run_set.{run}")}
+        if "runs" in small:
+            spec._known("run", small["runs"], spec.runs, f"spec {spec.name}: quick.runs")
+            raw["runs"] = {k: v for k, v in raw["runs"].items() if k in small["runs"]}
+            raw["rows"] = [r for r in raw["rows"] if r.get("run", r["name"]) in raw["runs"]]
+            raw["series"] = [s for s in raw.get("series", []) if set(s["runs"]) <= set(raw["runs"])]
+            kept = {r["name"] for r in raw["rows"]}
+            raw["claims"] = [c for c in raw.get("claims", [])
+                             if all(str(i).partition(":")[0] in kept for g in c["order"] for i in (g if isinstance(g, list) else [g]))]
+    if seeds is not None:
+        raw["seeds"] = list(seeds)
+    return PaperSpec(spec.name, raw, spec.origin)
+
+
+def to_sweep(spec: PaperSpec) -> SweepSpec:
+    """One variant per run x benchmark x target (its config file's sections + the overrides), times the seeds."""
+    from fedsim.config import read_yaml
+
+    variants = {}
+    for name, run, bench_name, target in spec.variants():
+        bench = spec.benchmarks[bench_name]
+        path = spec.config_file(run)
+        overrides = (spec.settings + list(bench.get("set", [])) + list((bench.get("run_set") or {}).get(run, []))
+                     + list(spec.runs[run].get("set", [])) + spec.last_settings + [f"data.benchmark={bench_name}", f"data.target={target}"])
+        variants[name] = {"config_file": path and str(path), "base": (read_yaml(str(path)) or {}) if path else {}, "overrides": overrides}
+    return SweepSpec(None, {}, [], {VARIANT_KEY: list(variants), "run.seed": list(spec.seeds)}, variants)
+
+
+def to_json(spec: PaperSpec) -> str:
+    return json.dumps({"name": spec.name, "origin": str(spec.origin), "spec": spec.raw}, indent=2, default=str) + "\n"
+
+
+def from_json(text: str) -> PaperSpec:
+    raw = json.loads(text)
+    return PaperSpec(raw["name"], raw["spec"], Path(raw["origin"]))
