@@ -91,7 +91,7 @@ class FADA(Method):
 
     Params = FADAParams
     transient_state_keys = ()  # every client keeps its own model: nothing is a shared cache
-    published_state_keys = ("net",)  # each client's model is sent on purpose: w_t by the target, w_i - w_t by a source
+    disclosed_state_keys = ("net",)  # each client's model is sent on purpose: w_t by the target, w_i - w_t by a source
 
     def __init__(self, config, federation, device: str = "cpu"):
         super().__init__(config, federation, device)
