@@ -33,6 +33,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--spec", help="your own protocol: a YAML spec file (see experiments/specs/ and docs/cluster.md)")
     parser.add_argument("--quick", action="store_true", help="the spec's smoke-test grid: few rounds, tiny data, one seed")
     parser.add_argument("--seeds", help="comma-separated root seeds replacing the spec's, e.g. 0,1,2")
+    parser.add_argument("--backend", choices=("ray", "local"),
+                        help="inside each trial: ray (client actors, default) or local (clients in the trial's process: "
+                             "no actor start-up, the same numbers; fastest for many small trials)")
     parser.add_argument("--address", help="join an existing Ray cluster (host:port or auto); default: a fresh local cluster")
     parser.add_argument("--out", help="output directory (default runs/reproduce-<paper>[-quick]-<date>)")
     parser.add_argument("--resume", action="store_true", help="finish the interrupted grid in --out (its grid comes from reproduce.json)")
@@ -49,7 +52,8 @@ def _fresh_out(out: Optional[str], spec: PaperSpec, quick: bool) -> Path:
 
 
 def _resumed(args: argparse.Namespace) -> tuple[PaperSpec, SweepSpec, Path]:
-    given = [flag for flag, value in (("PAPER", args.paper), ("--spec", args.spec), ("--quick", args.quick), ("--seeds", args.seeds))
+    given = [flag for flag, value in (("PAPER", args.paper), ("--spec", args.spec), ("--quick", args.quick), ("--seeds", args.seeds),
+                                                  ("--backend", args.backend))
              if value]
     if given:
         raise UserError(f"--resume takes the grid from the directory's {STATE_FILE}: drop {', '.join(given)}")
@@ -81,6 +85,7 @@ def run(args: argparse.Namespace) -> int:
         seeds = parse_list("seeds", args.seeds, int, "0,1,2") if args.seeds else None
         spec = shrink(load_spec(args.paper, args.spec), args.quick, seeds)
         sweep_spec = to_sweep(spec)
+        sweep_spec.backend = args.backend or "ray"
         out = None
     configs, clients = prepare(sweep_spec)
     if out is None:

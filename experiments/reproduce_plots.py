@@ -65,8 +65,10 @@ def _records_of(spec: PaperSpec, records: list[dict], run: str, bench: str, targ
 
 
 def plot_rounds(spec: PaperSpec, records: list[dict], bench: str, target_list: list[str], runs: list[str], key: str,
-                path: Path, split: bool = False) -> Path:
+                path: Path, split: bool = False, title: str = "") -> Path:
     """One panel per target, one line per run (per sub-key of ``key`` with ``split``), mean over seeds."""
+    from matplotlib.ticker import MaxNLocator
+
     fig, axes = _panels(len(target_list))
     for ax, target in zip(axes, target_list):
         for run in runs:
@@ -77,7 +79,8 @@ def plot_rounds(spec: PaperSpec, records: list[dict], bench: str, target_list: l
                 if rounds:
                     label = run if sub == key else f"{run} {sub[len(key) + 1:]}"
                     ax.plot(rounds, values, marker="o", ms=3, label=label)
-        ax.set_title(f"{bench} -> {target}: {key}")
+        ax.set_title(f"{bench} -> {target}: {title or key}")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     return _save(fig, axes, path, "round", key)
 
 
@@ -91,5 +94,5 @@ def write_plots(spec: PaperSpec, records: list[dict], lines: list[dict], out: Pa
         bench = series.get("benchmark") or next(iter(spec.benchmarks))
         targets = [series["target"]] if series.get("target") else spec.benchmarks[bench]["targets"]
         written.append(plot_rounds(spec, records, bench, targets, series["runs"], series["metric"],
-                                   out / f"series-{series['metric']}.png", bool(series.get("split"))))
+                                   out / f"series-{series['metric']}.png", bool(series.get("split")), series.get("title", "")))
     return written

@@ -118,7 +118,7 @@ def run_grid(spec: SweepSpec, configs: dict, clients: dict, out: Path, *, addres
         cluster = ray.cluster_resources()
         if any(c.resources.gpus_per_client > 0 for c in configs.values()) and cluster.get("GPU", 0) == 0:
             warnings.warn("--gpus-per-client asked for GPUs but the Ray cluster has none: client actors run on CPU", RuntimeWarning, stacklevel=2)
-        plans = {key: plan_trial(config, clients[key], cluster) for key, config in configs.items()}
+        plans = {key: plan_trial(config, clients[key], cluster, spec.backend) for key, config in configs.items()}
         tune_dir = out.resolve() / TUNE_NAME
         if resume and not tune.Tuner.can_restore(str(tune_dir)):
             raise UserError(f"--out {out} has no Tune state to resume ({tune_dir} is missing or empty): start anew in another directory")

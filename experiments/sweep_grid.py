@@ -47,6 +47,9 @@ class SweepSpec:
     #: name -> {"config_file", "base", "overrides"}: a point's ``VARIANT_KEY`` value picks one (its base and
     #: overrides replace the spec's own base and come after the spec's overrides)
     variants: dict[str, dict] = field(default_factory=dict)
+    #: backend of the simulation inside each trial: "ray" (client actors in the trial's placement group) or
+    #: "local" (the clients one after the other in the trial's process: no actor start-up, same numbers)
+    backend: str = "ray"
 
     def points(self) -> list[dict[str, Any]]:
         keys = list(self.axes)
@@ -93,12 +96,13 @@ class SweepSpec:
 
     def to_json(self) -> str:
         return json.dumps({"config_file": self.config_file, "base": self.base, "overrides": self.overrides, "axes": self.axes,
-                           "variants": self.variants}, indent=2, default=str) + "\n"
+                           "variants": self.variants, "backend": self.backend}, indent=2, default=str) + "\n"
 
     @classmethod
     def from_json(cls, text: str) -> "SweepSpec":
         raw = json.loads(text)
-        return cls(raw["config_file"], dict(raw["base"]), list(raw["overrides"]), dict(raw["axes"]), dict(raw.get("variants", {})))
+        return cls(raw["config_file"], dict(raw["base"]), list(raw["overrides"]), dict(raw["axes"]), dict(raw.get("variants", {})),
+                   raw.get("backend", "ray"))
 
 
 def render(value: Any) -> str:
@@ -222,8 +226,10 @@ def _absolute_paths(spec: SweepSpec, config) -> None:
 
 
 def prepare(spec: SweepSpec) -> tuple[dict[str, Any], dict[str, int]]:
-    """Every grid point's config and client count: all bad input fails here, before Ray starts."""
+    """Every grid point's config and client count: all bad input (the method's own scenario checks
+    included) fails here, before Ray starts."""
     from fedsim.data.scenario import build_federation
+    from fedsim.registry import METHODS
 
     points = spec.points()
     first = spec.config_for(points[0])
@@ -235,9 +241,10 @@ def prepare(spec: SweepSpec) -> tuple[dict[str, Any], dict[str, int]]:
             raise UserError(f"data.root {config.data.root!r} is relative: give an absolute path when sweeping it")
         configs[point_key(point)] = config
     clients: dict[str, int] = {}
-    federations: dict[Any, int] = {}
+    federations: dict[Any, Any] = {}
     for key, config in configs.items():
         if config.data not in federations:
-            federations[config.data] = len(build_federation(config.data).clients)
-        clients[key] = federations[config.data]
+            federations[config.data] = build_federation(config.data)
+        METHODS.get(config.method.name).check_setting(config, federations[config.data])  # as `fedsim run` does
+        clients[key] = len(federations[config.data].clients)
     return configs, clients

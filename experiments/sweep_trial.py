@@ -19,21 +19,28 @@ RUNS_DIR = "runs"  # the trials' run directories (metrics.jsonl, summary.json, t
 
 @dataclass(frozen=True)
 class TrialPlan:
-    actors: int
+    actors: int  # client actors; 0: the local backend, every client in the trial's own process
     cpus: float
     gpus: float
 
     def bundles(self) -> list[dict[str, float]]:
         client = {"CPU": self.cpus, "GPU": self.gpus} if self.gpus > 0 else {"CPU": self.cpus}
+        if self.actors == 0:
+            return [client]
         return [{"CPU": TRIAL_CPUS}] + [dict(client) for _ in range(self.actors)]
 
 
-def plan_trial(config, num_clients: int, cluster: dict[str, float]) -> TrialPlan:
+def plan_trial(config, num_clients: int, cluster: dict[str, float], backend: str = "ray") -> TrialPlan:
     """Client actors of one trial: one per client, at most ``ray.max_actors``, and few enough
-    that the whole trial fits in the cluster as it is now (so it can always be placed)."""
+    that the whole trial fits in the cluster as it is now (so it can always be placed).
+    The local backend runs the clients one after the other in the trial's process: one bundle."""
     cpus = config.resources.cpus_per_client
     gpus = config.resources.gpus_per_client if cluster.get("GPU", 0) > 0 else 0.0
     total_cpus = cluster.get("CPU", 0.0)
+    if backend == "local":
+        if cpus > total_cpus + 1e-9:
+            raise UserError(f"a trial needs {cpus:g} CPUs (resources.cpus_per_client) but the Ray cluster has {total_cpus:g}: lower it")
+        return TrialPlan(0, cpus, gpus)
     if cpus + TRIAL_CPUS > total_cpus + 1e-9:
         raise UserError(
             f"a trial needs {cpus + TRIAL_CPUS:g} CPUs (one client actor at resources.cpus_per_client={cpus:g} + {TRIAL_CPUS:g} "
@@ -120,7 +127,8 @@ def run_trial(params: dict, spec_json: str = "", sweep_dir: str = "") -> None:
     actors = len(request.bundles) - (0 if request.head_bundle_is_empty else 1)
     point = {k: v for k, v in params.items() if "." in k}
     spec = SweepSpec.from_json(spec_json)
-    config = spec.config_for(point, ("run.backend=ray", "run.progress=false", f"ray.max_actors={max(1, actors)}"))
+    extra = ("run.progress=false",) + (("run.backend=local",) if spec.backend == "local" else ("run.backend=ray", f"ray.max_actors={max(1, actors)}"))
+    config = spec.config_for(point, extra)
     out_dir = Path(sweep_dir) / RUNS_DIR / context.get_trial_id()
     reporter = TuneReport()
     result = run_experiment(config, out_dir, callbacks=default_callbacks(config, out_dir) + [reporter])
