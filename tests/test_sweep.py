@@ -72,7 +72,7 @@ BAD_SWEEPS = [
     (["--methods", "fedavg,fedprox", "--set", "fedprox.mu=0.1,0.2"], "takes one value"),
     (["--methods", "fedavg,fedavgg"], "unknown method 'fedavgg': did you mean 'fedavg'?"),
     (["--methods", "fedavg,,fedprox"], "bad list for --methods"),
-    (["--local-epochs", "1,x"], "bad value 'x' in --local-epochs"),
+    (["--local-epochs", "1,x"], "--local-epochs must be an integer of 1 or more, got 'x'"),
     (["--seeds", "0,0"], "lists '0' twice"),
     (["--local-epochs", "0"], "--local-epochs must be an integer of 1 or more, got '0'"),
     (["--local-epochs", "1,-1"], "--local-epochs must be an integer of 1 or more, got '-1'"),
@@ -207,3 +207,20 @@ def test_sweep_interrupted_then_resumed(toy_overrides, tmp_path, ray_cluster, ca
         assert json.loads((out / "runs" / row["trial_id"] / "summary.json").read_text())["method"] == "fedavg"
     assert main(["sweep", "-q", "--out", str(out)] + _flags(toy_overrides)) == 2  # no silent overwrite
     assert "already holds a sweep: pass --resume" in capsys.readouterr().err
+
+
+def test_summary_row_carries_every_number_of_the_summary():
+    summary = {"rounds": 3, "target_accuracy": 0.5, "source_accuracy": {"a": 0.25, "b": 0.75}, "backend": "ray",
+               "final_detection": {"wg": {"A_com": 0.3, "clients": {"1": {"s": 0.1}}}}, "bytes_sent": 10}
+    row = summary_row(summary, "n1")
+    assert row["summary/final_detection/wg/A_com"] == 0.3 and row["summary/final_detection/wg/clients/1/s"] == 0.1
+    assert row["summary/source_accuracy/b"] == 0.75 and row["summary/mean_source_accuracy"] == 0.5
+    assert row["summary/rounds"] == 3 and row["client_nodes"] == "n1" and "summary/backend" not in row
+
+
+def test_a_local_trial_reserves_one_bundle(toy_overrides):
+    config = load_config(None, toy_overrides + ["resources.cpus_per_client=0.5"])
+    assert plan_trial(config, 3, {"CPU": 2.0}, backend="local") == TrialPlan(0, 0.5, 0.0)
+    assert TrialPlan(0, 0.5, 0.0).bundles() == [{"CPU": 0.5}]
+    with pytest.raises(UserError, match="lower it"):
+        plan_trial(load_config(None, toy_overrides + ["resources.cpus_per_client=4"]), 3, {"CPU": 2.0}, backend="local")
