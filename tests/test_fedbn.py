@@ -10,7 +10,8 @@ from fedsim.data.scenario import build_federation, load_client_data
 from fedsim.errors import UserError
 from fedsim.messages import Instruction
 from fedsim.methods.base import SingleExchange
-from fedsim.methods.fedbn import FedBN, bn_keys, initial_bn
+from fedsim.methods.fedbn import FedBN, initial_bn
+from fedsim.models.normalization import bn_keys
 from fedsim.methods.common.training import load_numpy, weighted_average
 from fedsim.runtime import Server
 

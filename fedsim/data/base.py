@@ -58,9 +58,15 @@ class Benchmark(ABC):
     def domains(self) -> list[str]:
         """Names of the available domains, in a fixed order."""
 
-    @abstractmethod
     def load(self, domain: str) -> Domain:
-        """Return one domain (building and caching it if needed)."""
+        """Return one domain, built by :meth:`build_domain` on first use and kept in ``self._loaded``."""
+        if domain not in self._loaded:
+            self._loaded[domain] = self.build_domain(domain)
+        return self._loaded[domain]
+
+    @abstractmethod
+    def build_domain(self, domain: str) -> Domain:
+        """Build one domain (a UserError naming the domains for an unknown one); :meth:`load` caches it."""
 
     def forget(self, domain: Optional[str] = None) -> None:
         """Drop built domains from memory (all of them when ``domain`` is None).

@@ -38,21 +38,12 @@ from fedsim.messages import Instruction, Reply, Tensors
 from fedsim.methods.base import Exchange, Replies, ServerState, SingleExchange, client_operation
 from fedsim.methods.common.training import CHUNK, evaluate_model, load_numpy, model_to_numpy
 from fedsim.methods.fedavg import FedAvg
+from fedsim.models.normalization import bn_keys, bn_layers
 from fedsim.registry import METHODS
 
 log = logging.getLogger(__name__)
 
 TARGET_BN = ("adabn", "none")
-
-
-def bn_layers(model: nn.Module) -> list[tuple[str, nn.Module]]:
-    """(name, module) of every batch-norm layer."""
-    return [(name, m) for name, m in model.named_modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
-
-
-def bn_keys(model: nn.Module) -> frozenset[str]:
-    """State-dict keys of every batch-norm layer (weight, bias, running statistics, batch counter)."""
-    return frozenset(f"{name}.{key}" if name else key for name, module in bn_layers(model) for key in module.state_dict())
 
 
 def initial_bn(model: nn.Module) -> dict[str, np.ndarray]:

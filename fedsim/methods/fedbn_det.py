@@ -9,7 +9,7 @@ w_b's batch norm (used by the unlabeled target, which has none of its own).
 from __future__ import annotations
 
 from fedsim.methods.fedavg_det import FedAvgDetection
-from fedsim.models.detector import norm_keys
+from fedsim.models.normalization import bn_keys
 from fedsim.registry import METHODS
 
 
@@ -17,4 +17,4 @@ from fedsim.registry import METHODS
 class FedBNDetection(FedAvgDetection):
     """FedBN for detection: batch-norm layers stay with each participant."""
 
-    personal_keys = staticmethod(norm_keys)
+    personal_keys = staticmethod(bn_keys)

@@ -14,7 +14,7 @@ The explicit split the federated methods need, without forward hooks:
   level, as ``N x C x H x W`` tensors (what FedOD distills);
 * :meth:`Detector.loss` the FCOS losses (focal, GIoU, centerness) from those maps;
 * :meth:`Detector.detect` post-processed boxes in pixels of the S x S input;
-* ``body.*`` / ``head.*`` state-dict prefixes (FedRep) and :func:`norm_keys` (FedBN).
+* ``body.*`` / ``head.*`` state-dict prefixes (FedRep) and :func:`fedsim.models.normalization.bn_keys` (FedBN).
 
 Inputs are float images in [0, 1] of one fixed size (``N x 3 x S x S``), normalized
 inside (mean 0.5, std 0.25); no resizing.
@@ -158,15 +158,6 @@ class Detector(FCOS):
             return self.postprocess_detections(split, split_anchors, maps["image_list"].image_sizes)
         finally:
             self.train(was_training)
-
-
-def norm_keys(model: nn.Module) -> set[str]:
-    """State-dict keys of every batch-norm layer (weights, biases, running statistics): FedBN keeps these local."""
-    keys = set()
-    for name, module in model.named_modules():
-        if isinstance(module, nn.modules.batchnorm._BatchNorm):
-            keys.update(f"{name}.{k}" for k in module.state_dict())
-    return keys
 
 
 def head_keys(model: nn.Module) -> set[str]:

@@ -169,11 +169,6 @@ class AmazonReviewBenchmark(Benchmark):
         self._documents = documents
         return documents
 
-    def load(self, domain: str) -> Domain:
-        if domain not in self._loaded:
-            self._loaded[domain] = self.build_domain(domain)
-        return self._loaded[domain]
-
     def build_domain(self, domain: str) -> Domain:
         """One domain's documents as dense float32 (``data.variant``), split 80/20 stratified by label."""
         check_domain("amazon_review", domain, DOMAINS)

@@ -145,11 +145,6 @@ class CocoBenchmark(Benchmark):
             self._classes = tuple(names)
         return self._classes
 
-    def load(self, domain: str) -> DetectionDomain:
-        if domain not in self._loaded:
-            self._loaded[domain] = self.build_domain(domain)
-        return self._loaded[domain]
-
     def build_domain(self, domain: str) -> DetectionDomain:
         """One domain's images resized to S x S with their boxes, split by the records' ``split`` or 80/20."""
         if domain not in self.domains():

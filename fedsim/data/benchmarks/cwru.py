@@ -193,11 +193,6 @@ class CWRUBenchmark(Benchmark):
 
     # ------------------------------------------------------------------ domains
 
-    def load(self, domain: str) -> Domain:
-        if domain not in self._loaded:
-            self._loaded[domain] = self.build_domain(domain)
-        return self._loaded[domain]
-
     def build_domain(self, domain: str) -> Domain:
         """One load's windows of every class, split 80/20 stratified by class from ``data.seed``."""
         files = self.files()

@@ -56,11 +56,6 @@ class DigitsBenchmark(Benchmark):
     def cache_name(self, domain: str) -> str:
         return f"digits-{VERSION}-{domain}-seed{int(self.config.seed)}"
 
-    def load(self, domain: str) -> Domain:
-        if domain not in self._loaded:
-            self._loaded[domain] = self.build_domain(domain)
-        return self._loaded[domain]
-
     def build_arrays(self, domain: str) -> dict[str, np.ndarray]:
         """The full uint8 train/test arrays of one domain, from the cache or built and cached."""
         check_domain("digits", domain, self.DOMAINS)

@@ -116,11 +116,6 @@ class NpzBenchmark(Benchmark):
 
     # ------------------------------------------------------------------ domains
 
-    def load(self, domain: str) -> Domain:
-        if domain not in self._loaded:
-            self._loaded[domain] = self.build_domain(domain)
-        return self._loaded[domain]
-
     def build_domain(self, domain: str) -> Domain:
         """One domain: its own test split when the file has one, else 80/20 stratified from ``data.seed``."""
         self.validate()

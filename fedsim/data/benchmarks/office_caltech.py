@@ -198,11 +198,6 @@ class OfficeCaltechBenchmark(Benchmark):
         self._arrays = arrays
         return arrays
 
-    def load(self, domain: str) -> Domain:
-        if domain not in self._loaded:
-            self._loaded[domain] = self.build_domain(domain)
-        return self._loaded[domain]
-
     def build_domain(self, domain: str) -> Domain:
         """One domain's features, split 80/20 stratified by label from ``data.seed``."""
         check_domain("office_caltech", domain, DOMAINS)

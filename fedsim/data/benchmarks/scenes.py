@@ -96,11 +96,6 @@ class ScenesBenchmark(Benchmark):
         save_arrays(self.config.cache_dir, name, arrays)
         return arrays
 
-    def load(self, domain: str) -> DetectionDomain:
-        if domain not in self._loaded:
-            self._loaded[domain] = self.build_domain(domain)
-        return self._loaded[domain]
-
     def build_domain(self, domain: str) -> DetectionDomain:
         """One domain's images and boxes, its training part cut to ``data.max_train_per_domain``."""
         arrays = self.build_arrays(domain)

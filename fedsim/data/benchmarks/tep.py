@@ -134,11 +134,6 @@ class TEPBenchmark(Benchmark):
         save_arrays(self.config.cache_dir, name, {"x": x, "y": y})
         return x, y
 
-    def load(self, domain: str) -> Domain:
-        if domain not in self._loaded:
-            self._loaded[domain] = self.build_domain(domain)
-        return self._loaded[domain]
-
     def build_domain(self, domain: str) -> Domain:
         """One mode, split 80/20 stratified by class from ``data.seed``."""
         check_domain("tep", domain, MODES)
