@@ -1,7 +1,7 @@
 """Memory stays flat over a long run: no growth of the driver or the object store after warm-up."""
 import psutil
 
-from experiments.benchmarks._common import plasma_mib
+from experiments.benchmarks.measure import plasma_mib
 from experiments.run import run_experiment
 from fedsim.config import load_config
 from fedsim.runtime.callbacks import Callback

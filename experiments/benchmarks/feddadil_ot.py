@@ -13,7 +13,7 @@ import functools
 import logging
 import time
 
-from experiments.benchmarks._common import machine
+from experiments.benchmarks.measure import machine
 
 
 def main() -> None:

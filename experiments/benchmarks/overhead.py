@@ -35,7 +35,7 @@ import tempfile
 import numpy as np
 import torch
 
-from experiments.benchmarks._common import PeakMemory, Timer, machine, tree_breakdown, tree_pss_bytes
+from experiments.benchmarks.measure import PeakMemory, Timer, machine, tree_breakdown, tree_pss_bytes
 
 SEED = 0
 ROUNDS = 5

@@ -23,7 +23,7 @@ import time
 import numpy as np
 import psutil
 
-from experiments.benchmarks._common import PeakMemory, machine, plasma_mib, tree_rss_bytes
+from experiments.benchmarks.measure import PeakMemory, machine, plasma_mib, tree_rss_bytes
 
 PER_DOMAIN = 25_000
 
