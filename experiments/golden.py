@@ -84,7 +84,7 @@ def overrides_for(case: str, work: Path, backend: str) -> list[str]:
     if kind == "scenes":
         return DETECTION_TINY + common + extra
     target = write_toy(work / kind, kind)
-    toy = [f"data.benchmark=npz", f"data.root={work / kind}", f"data.target={target}", "run.rounds=2", "method.batch_size=16", "method.lr=0.05"]
+    toy = ["data.benchmark=npz", f"data.root={work / kind}", f"data.target={target}", "run.rounds=2", "method.batch_size=16", "method.lr=0.05"]
     if kind == "images":
         toy += ["data.normalization=none"]
     return toy + common + extra

@@ -22,15 +22,15 @@ import torch
 
 from fedsim.data.base import ClientData
 from fedsim.messages import Instruction, Reply
-from fedsim.methods.base import Method, ServerState, client_operation
+from fedsim.methods.base import ServerState, client_operation
 from fedsim.methods.common import dictionary as dil
-from fedsim.methods.common.encoder_stage import EncoderStage
+from fedsim.methods.common.encoder_stage import DictionaryMethod, EncoderStage
 from fedsim.methods.common.training import minibatches
 from fedsim.registry import METHODS
 
 
 @METHODS.register("dadil")
-class DaDiL(Method):
+class DaDiL(DictionaryMethod):
     """DaDiL centralized (Montesuma et al. 2023): the server learns the dictionary on every domain's uploaded features."""
 
     Params = dil.DictionaryParams
@@ -104,21 +104,9 @@ class DaDiL(Method):
         )
         return self.summarize_evaluation(ctx.round, replies)
 
-    def global_tensors(self, state: ServerState) -> dict:
-        return {**dil.atom_tensors(state), **state.get("weights", {})}
-
     # ---- client half ------------------------------------------------------
     def init_client(self, data: ClientData) -> Any:
         return self.encoder.init_client(data)
-
-    @client_operation
-    def fit(self, instruction: Instruction, state: Any, data: ClientData) -> tuple[Reply, Any]:
-        """Encoder stage: FedAvg's local training."""
-        return self.encoder.fit(instruction, state, data)
-
-    @client_operation
-    def feature_stats(self, instruction: Instruction, state: Any, data: ClientData) -> tuple[Reply, Any]:
-        return self.encoder.feature_stats(instruction, state, data)
 
     @client_operation
     def upload(self, instruction: Instruction, state: Any, data: ClientData) -> tuple[Reply, Any]:

@@ -29,16 +29,16 @@ import torch
 
 from fedsim.data.base import ClientData
 from fedsim.messages import Instruction, Reply
-from fedsim.methods.base import Method, ServerState, client_operation
+from fedsim.methods.base import ServerState, client_operation
 from fedsim.methods.common import dictionary as dil
-from fedsim.methods.common.encoder_stage import EncoderStage
+from fedsim.methods.common.encoder_stage import DictionaryMethod, EncoderStage
 from fedsim.methods.common.training import minibatches
 from fedsim.registry import METHODS
 from fedsim.seeding import numpy_rng
 
 
 @METHODS.register("feddadil")
-class FedDaDiL(Method):
+class FedDaDiL(DictionaryMethod):
     """FedDaDiL (Castellon, Montesuma et al. 2024): clients learn a shared dictionary of labeled atoms, alpha stays private."""
 
     Params = dil.DictionaryParams
@@ -91,23 +91,11 @@ class FedDaDiL(Method):
         replies = ctx.call("evaluate", dil.atom_tensors(state), self.federation.client_ids)
         return self.summarize_evaluation(ctx.round, replies)
 
-    def global_tensors(self, state: ServerState) -> dict:
-        return {**dil.atom_tensors(state), **state.get("weights", {})}
-
     # ---- client half ------------------------------------------------------
     def init_client(self, data: ClientData) -> Any:
         state = self.encoder.init_client(data)
         state["alpha"] = torch.full((self.num_atoms,), 1.0 / self.num_atoms)  # private: never in a Reply
         return state
-
-    @client_operation
-    def fit(self, instruction: Instruction, state: Any, data: ClientData) -> tuple[Reply, Any]:
-        """Encoder stage: FedAvg's local training."""
-        return self.encoder.fit(instruction, state, data)
-
-    @client_operation
-    def feature_stats(self, instruction: Instruction, state: Any, data: ClientData) -> tuple[Reply, Any]:
-        return self.encoder.feature_stats(instruction, state, data)
 
     @client_operation
     def dil(self, instruction: Instruction, state: Any, data: ClientData) -> tuple[Reply, Any]:

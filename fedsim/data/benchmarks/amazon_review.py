@@ -27,7 +27,7 @@ from typing import Optional
 import numpy as np
 
 from fedsim.data.base import Benchmark, Domain
-from fedsim.data.benchmarks.feature_files import check_features, is_real, read_mat, read_npz, root_folder
+from fedsim.data.benchmarks.feature_files import check_features, label_vector, read_mat, read_npz, root_folder
 from fedsim.data.benchmarks.options import check_domain, choice
 from fedsim.data.benchmarks.splits import split_named_domain
 from fedsim.errors import UserError
@@ -44,13 +44,7 @@ _WHAT = "amazon.mat (xx, yy, offset: the mSDA release) or books.npz, dvd.npz, el
 
 def binary_labels(path: Path, key: str, y) -> np.ndarray:
     """-1/1, 0/1 or 1/2 -> 0 (negative) / 1 (positive)."""
-    y = np.asarray(y.toarray() if hasattr(y, "toarray") else y)
-    if y.ndim == 2 and 1 in y.shape:
-        y = y.reshape(-1)
-    if y.ndim != 1:
-        raise UserError(f"{path}: {key!r} has shape {y.shape}: it must be a vector of labels")
-    if not is_real(y):
-        raise UserError(f"{path}: {key!r} has dtype {y.dtype}: labels must be numbers (-1/1, 0/1 or 1/2)")
+    y = label_vector(path, key, y, "labels", "numbers (-1/1, 0/1 or 1/2)")
     values = set(np.unique(np.asarray(y, dtype=np.float64)).tolist()) if np.size(y) else set()
     for pair, negative in (({-1.0, 1.0}, -1.0), ({0.0, 1.0}, 0.0), ({1.0, 2.0}, 1.0)):
         if values <= pair:

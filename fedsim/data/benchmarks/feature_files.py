@@ -73,15 +73,21 @@ def check_features(path: Path, key: str, x: np.ndarray) -> np.ndarray:
     return finite_float32(path, key, x)
 
 
-def check_labels(path: Path, key: str, y: np.ndarray) -> np.ndarray:
-    """A vector (N, 1 x N or N x 1) of non-negative integers, as int64."""
-    y = np.asarray(y)
+def label_vector(path: Path, key: str, y, what: str, kind: str) -> np.ndarray:
+    """Labels given as N, 1 x N or N x 1 (dense or sparse) -> a real-valued vector; one line naming the file otherwise."""
+    y = np.asarray(y.toarray() if hasattr(y, "toarray") else y)
     if y.ndim == 2 and 1 in y.shape:
         y = y.reshape(-1)
     if y.ndim != 1:
-        raise UserError(f"{path}: {key!r} has shape {y.shape}: it must be a vector of integer labels")
+        raise UserError(f"{path}: {key!r} has shape {y.shape}: it must be a vector of {what}")
     if not is_real(y):
-        raise UserError(f"{path}: {key!r} has dtype {y.dtype}: labels must be integers")
+        raise UserError(f"{path}: {key!r} has dtype {y.dtype}: labels must be {kind}")
+    return y
+
+
+def check_labels(path: Path, key: str, y: np.ndarray) -> np.ndarray:
+    """A vector (N, 1 x N or N x 1) of non-negative integers, as int64."""
+    y = label_vector(path, key, y, "integer labels", "integers")
     yf = y.astype(np.float64)
     if not np.all(np.isfinite(yf)) or np.any(yf != np.round(yf)) or np.any(yf < 0):
         bad = yf[~np.isfinite(yf) | (yf != np.round(yf)) | (yf < 0)][0]

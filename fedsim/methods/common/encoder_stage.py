@@ -21,7 +21,7 @@ from fedsim.data.base import ClientData
 from fedsim.data.normalization import FeatureStats, combine_stats, feature_stats, mean_std
 from fedsim.errors import UserError
 from fedsim.messages import Instruction, Reply, Tensors
-from fedsim.methods.base import ServerState
+from fedsim.methods.base import Method, ServerState, client_operation
 from fedsim.methods.common.training import encode_in_chunks, load_numpy
 from fedsim.methods.fedavg import FedAvg
 
@@ -119,3 +119,25 @@ class EncoderStage:
         # (x - mean) / std in float32, as every FedDaDiL result so far: normalization.standardize computes in
         # float64 and rounds once, which moves the DiL losses in the 7th digit
         return (self.encode(state["model"], x) - state["feature_mean"]) / state["feature_std"]
+
+
+class DictionaryMethod(Method):
+    """What FedDaDiL and DaDiL share as an interface: an :class:`EncoderStage` in ``self.encoder`` whose
+    client operations they expose, and the dictionary (atoms, plus the encoder's weights) as the global tensors."""
+
+    encoder: EncoderStage
+
+    def global_tensors(self, state: ServerState) -> dict:
+        from fedsim.methods.common.dictionary import atom_tensors
+
+        return {**atom_tensors(state), **state.get("weights", {})}
+
+    @client_operation
+    def fit(self, instruction: Instruction, state: Any, data: ClientData) -> tuple[Reply, Any]:
+        """Encoder stage: FedAvg's local training."""
+        return self.encoder.fit(instruction, state, data)
+
+    @client_operation
+    def feature_stats(self, instruction: Instruction, state: Any, data: ClientData) -> tuple[Reply, Any]:
+        """Encoder stage: the sums that standardize the encoded features."""
+        return self.encoder.feature_stats(instruction, state, data)
