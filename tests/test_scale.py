@@ -20,4 +20,4 @@ def test_thousand_clients_on_two_cores(tmp_path, ray_cluster):
     assert len(result.federation.clients) == 1000
     lines = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [len(m["train_loss"]) for m in lines] == [10, 10, 10]  # only the sampled clients work
-    assert len(lines[0]["client_nodes"]) == 1 and result.summary["target_accuracy"] is not None
+    assert len(lines[0]["client_nodes"]) == 1 and 0.0 <= result.summary["target_accuracy"] <= 1.0 and result.summary["rounds"] == 3
