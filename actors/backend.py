@@ -16,7 +16,7 @@ from fedsim.errors import UserError
 log = logging.getLogger(__name__)
 
 
-def _check_reachable(address: str) -> None:
+def check_reachable(address: str) -> None:
     """Fail fast (instead of Ray's long retries) when host:port does not answer."""
     if address in ("auto", "local") or address.startswith("ray://"):
         return
@@ -38,7 +38,7 @@ def connect(address: str | None, num_cpus: int | None = None) -> bool:
     if ray.is_initialized():
         return False
     if address:
-        _check_reachable(address)
+        check_reachable(address)
     kwargs = dict(include_dashboard=False, logging_level=logging.WARNING, log_to_driver=True)
     try:
         if address:

@@ -109,10 +109,10 @@ def run_grid(spec: SweepSpec, configs: dict, clients: dict, out: Path, *, addres
     import ray
     from ray import tune
 
-    from actors.backend import _check_reachable, connect
+    from actors.backend import check_reachable, connect
 
     if address:
-        _check_reachable(address)  # also when this process already runs Ray
+        check_reachable(address)  # also when this process already runs Ray
     started = connect(address)
     try:
         cluster = ray.cluster_resources()

@@ -147,13 +147,13 @@ def test_unreachable_address_subprocess(toy_overrides, tmp_path):
 
 
 def test_unreachable_address_message(toy_overrides, tmp_path, capsys):
-    from actors.backend import _check_reachable
+    from actors.backend import check_reachable
     from fedsim.errors import UserError
 
     with pytest.raises(UserError, match="cannot reach a Ray cluster at 127.0.0.1:1"):
-        _check_reachable("127.0.0.1:1")
+        check_reachable("127.0.0.1:1")
     with pytest.raises(UserError, match="bad cluster address"):
-        _check_reachable("nonsense")
+        check_reachable("nonsense")
 
 
 def test_digits_end_to_end_on_both_backends(tmp_path_factory, ray_cluster):
