@@ -9,7 +9,7 @@ from experiments.run import run_experiment
 from fedsim.config import load_config
 from fedsim.data.scenario import build_federation, load_client_data
 from fedsim.errors import UserError
-from fedsim.methods.fedod import channel_wise_distillation
+from fedsim.methods.fedod import channel_wise_distillation, multi_teacher_loss
 from fedsim.models.detector import DetectorSpec, build_detector, head_keys, save_weights
 from fedsim.models.normalization import bn_keys
 from fedsim.registry import METHODS
@@ -17,7 +17,7 @@ from fedsim.runtime import Server
 
 from conftest import RecordingExecutor, assert_same_results
 
-FAMILIES = {"wg", "wb", "wi", "ens_wbf", "ens_nms", "ens_soft_nms", "ens_nmw"}
+FAMILIES = {"wg", "wb", "wi", "wi_final", "ens_wbf", "ens_nms", "ens_soft_nms", "ens_nmw"}
 FUSIONS = ("wbf", "nms", "soft_nms", "nmw")
 #: the same ensembles again as variants (fused score avg, weights 1, 1: the defaults) and two other settings
 VARIANTS = ["method.variant_confs=avg,max", "method.variant_weights=1,1,1,2"]
@@ -109,7 +109,7 @@ def test_fedod_round_reports_every_family(fedod_run):
     assert final is metrics["detection"] and metrics["final_alpha"] == 0.3
     assert set(final) == FAMILIES | VARIANT_FAMILIES
     for name, entry in final.items():
-        assert all(0.0 <= entry[k] <= 1.0 for k in ("A_s", "A_p", "A_u", "AP50_s", "AP50_p", "AP50_u"))
+        assert all(0.0 <= entry[k] <= 1.0 for k in ("A_s", "A_p", "A_u", "AP50_s", "AP50_p", "AP50_u", "A_u_own", "AP50_u_own"))
         assert entry["A_com"] == pytest.approx(0.3 * entry["A_s"] + 0.7 * entry["A_p"])
         assert entry["A_p"] == pytest.approx(np.mean([c["p"] for c in entry["clients"].values()]))
         assert ("target" in entry) == (name in ("wg", "wb"))
@@ -119,6 +119,54 @@ def test_fedod_round_reports_every_family(fedod_run):
     assert set(metrics["source_accuracy"]) == {"server", "farm"} and metrics["target_accuracy"] == final["wg"]["target"]
     assert metrics["source_accuracy"]["server"] == final["wg"]["A_s"]
     assert metrics["source_accuracy"]["farm"] == pytest.approx(final["wg"]["clients"]["1"]["p"])
+    assert metrics["primary_A_com"] == final["wg"]["A_com"]
+
+
+def test_final_ensemble_uses_the_fine_tune_of_the_final_global_model(fedod_run):
+    _, _, executor, server, _ = fedod_run
+    host, farm = executor.host, 1
+    fits = [ins[farm] for ins, _ in executor.calls if farm in ins and ins[farm].operation == "fit"]
+    assert len(fits) == 2 and fits[1].config["slot"] == "final" and fits[1].config["seed"] != fits[0].config["seed"]
+    w_g = server.state["weights"]  # w_g^R, the last distillation's student
+    assert all(np.array_equal(fits[1].tensors[k], w_g[k]) for k in w_g)
+    final = host.private_state(farm)["own"]["final"]
+    on_server = host.private_state(0)["own"][f"final@{farm}"]
+    assert all(np.array_equal(final[k], on_server[k]) for k in final)
+    assert any(not np.array_equal(final[k], w_g[k]) for k in final)
+    evaluations = [ins for ins, _ in executor.calls if next(iter(ins.values())).operation == "evaluate"]
+    predictors = evaluations[-1][farm].config["predictors"]
+    assert predictors["ens_wbf"]["sources"] == ["payload:wg", "own:final"] and predictors["wi_final"]["sources"] == ["own:final"]
+    assert evaluations[-1][0].config["predictors"][f"ens_wbf@{farm}"]["sources"] == ["payload:wg", f"own:final@{farm}"]
+
+
+def test_two_identical_teachers_distil_as_one():
+    spec = DetectorSpec(num_classes=3, image_size=64, width=4, fpn_channels=8, head_convs=1)
+    student, teacher = build_detector(spec, seed=0), build_detector(spec, seed=1).eval()
+    images = torch.rand(2, 3, 64, 64)
+    maps = student.maps(images)
+    params = METHODS.get("fedod").Params(lambda_feat=0.1, lambda_cls=1.0, lambda_reg=1.0)
+    one, two = {}, {}
+    loss_one = multi_teacher_loss([teacher], params, one)(images, maps)
+    loss_two = multi_teacher_loss([teacher, teacher], params, two)(images, maps)
+    assert loss_two.item() == pytest.approx(loss_one.item(), rel=1e-6) and loss_one.item() > 0
+    assert two == pytest.approx(one)
+
+
+def test_two_rounds_report_w_i_of_the_first_and_the_last_round(tiny):
+    config = load_config(None, options(tiny, "fedod", "run.rounds=2"))
+    federation = build_federation(config.data)
+    executor = RecordingExecutor(config, federation)
+    server = Server(config, federation, executor)
+    server.setup(1)
+    server.run_round(1, evaluate=False)
+    metrics = server.run_round(2, evaluate=True)
+    assert {"wi_first", "wi", "wi_final"} <= set(metrics["final_detection"])
+    fits = [replies[1] for ins, replies in executor.calls if 1 in ins and ins[1].operation == "fit"]
+    assert len(fits) == 3  # round 1, round 2, the final fine-tune
+    own = executor.host.private_state(1)["own"]
+    for slot, reply in (("first", fits[0]), ("personal", fits[1]), ("final", fits[2])):
+        assert all(np.array_equal(own[slot][k], reply.tensors[k]) for k in own[slot])
+    assert all(np.array_equal(executor.host.private_state(0)["own"]["first@1"][k], fits[0].tensors[k]) for k in own["first"])
 
 
 def test_fusion_variants_are_checked(tiny):
@@ -133,7 +181,8 @@ def test_fedod_keeps_images_on_their_hosts_and_models_where_they_belong(fedod_ru
     host = executor.host
     server_id, farm_id = 0, 1
     ops = [(cid, op) for _, cid, op, _ in executor.log]
-    assert ops == [(server_id, "train_base"), (farm_id, "fit"), (server_id, "distill"), (0, "evaluate"), (1, "evaluate"), (2, "evaluate")]
+    assert ops == [(server_id, "train_base"), (farm_id, "fit"), (server_id, "distill"), (farm_id, "fit"), (server_id, "keep_teachers"),
+                   (0, "evaluate"), (1, "evaluate"), (2, "evaluate")]
     for _, cid, op, reply in executor.log:
         data = load_client_data(config.data, federation, cid)
         for name, tensor in reply.tensors.items():

@@ -10,18 +10,21 @@ The server holds a large labeled set (hosted on the *server host*, see
    ``distill_iters`` steps on the server's labeled images with
 
        L = lambda_det L_FCOS(student, server labels)
-         + lambda_feat sum_i sum_l CWD_T(P_l^student, P_l^{w_i})          (every pyramid level)
-         + lambda_cls  sum_i sum_l CWD_T(cls_l^student, cls_l^{w_i})      (classification maps)
-         + lambda_reg  sum_i sum_l || reg_l^student - reg_l^{w_i} ||^2    (regression maps, mean)
+         + lambda_feat (1/N) sum_i sum_l CWD_T(P_l^student, P_l^{w_i})          (every pyramid level)
+         + lambda_cls  (1/N) sum_i sum_l CWD_T(cls_l^student, cls_l^{w_i})      (classification maps)
+         + lambda_reg  (1/N) sum_i sum_l || reg_l^student - reg_l^{w_i} ||^2    (regression maps, mean)
 
    where CWD_T is channel-wise distillation (Shu et al., ICCV 2021, Eq. 2-3): each
    channel's H x W map becomes a distribution by a softmax with temperature T, and
    T^2 KL(teacher || student) is averaged over channels and images; the teachers' terms
-   are summed, not averaged. The teachers run in eval mode on the same (flipped)
+   are averaged over the N teachers, as the paper's multi-teacher loss is (two identical
+   teachers distil exactly as one). The teachers run in eval mode on the same (flipped)
    batch. The student is the new w_g, sent to every client next round.
-3. After the last round each client ensembles w_g and w_i by weighted boxes fusion of
-   their detections (``fusion_weights``, ``fusion_iou``); NMS, soft-NMS and NMW are
-   reported next to it, as in the paper's comparison.
+3. After the last distillation (round R) each client fine-tunes the final w_g^R once more
+   (``fit`` with slot ``final``: client_iters steps, its bytes counted like any
+   exchange) into w_i^(R+1), and ensembles w_g^R and w_i^(R+1) by weighted boxes fusion
+   of their detections (``fusion_weights``, ``fusion_iou``), as the paper ensembles the
+   fine-tune of the final global model; NMS, soft-NMS and NMW are reported next to it.
 
 
 ``mode`` gives the paper's baselines as configurations of this file:
@@ -30,9 +33,11 @@ The server holds a large labeled set (hosted on the *server host*, see
 client fine-tuning from w_b, no distillation: w_g stays w_b).
 
 Families reported (see :mod:`fedsim.methods.common.detection_eval` for A_s, A_p, A_u,
-A_com): ``wb`` (the base model), ``wg`` (fedod), ``wi`` (the personal models), and in the
-last round ``ens_wbf``, ``ens_nms``, ``ens_soft_nms``, ``ens_nmw`` (w_i with w_g; with w_b
-in ``baseline2``). Other fusion settings can be scored on the same models in the same
+A_com): ``wb`` (the base model), ``wg`` (fedod), ``wi`` (w_i of the round: w_i^R in the
+last), and in the last round ``wi_first`` (w_i^1, when R > 1: the paper's claim that w_i
+gains over the rounds), ``wi_final`` (w_i^(R+1), fedod) and ``ens_wbf``, ``ens_nms``,
+``ens_soft_nms``, ``ens_nmw`` (w_i^(R+1) with w_g^R; w_i^R with w_b in ``baseline2``,
+whose w_i are always fine-tunes of w_b). Other fusion settings can be scored on the same models in the same
 evaluation: ``variant_confs`` adds ``ens_wbf_<conf>`` (WBF with that fused score),
 ``variant_weights`` (pairs g, p) adds ``ens_<fusion>_w<g>_<p>`` for every fusion.
 """
@@ -58,6 +63,13 @@ from fedsim.models.detector import Detector
 from fedsim.registry import METHODS
 
 MODES = ("fedod", "baseline1", "baseline2")
+#: a client's own slot -> the name under which the server host keeps the same model (``<name>@<client>``)
+SERVER_SLOT = {"personal": "teacher", "first": "first", "final": "final"}
+
+
+def personal_family(name: str, client_slot: str, server_slot: str) -> Family:
+    """Client i's own model kept under ``own:<client_slot>``, on the server host under ``own:<server_slot>@i``."""
+    return Family(name, True, (f"own:{client_slot}",), lambda cid: (f"own:{server_slot}@{cid}",))
 
 
 def channel_wise_distillation(student: torch.Tensor, teacher: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -70,7 +82,9 @@ def channel_wise_distillation(student: torch.Tensor, teacher: torch.Tensor, temp
 
 
 def multi_teacher_loss(teachers: list[Detector], params, parts: dict) -> ExtraLoss:
-    """The distillation terms of the student's loss, summed over the teachers; ``parts`` gets the last batch's terms."""
+    """The distillation terms of the student's loss, averaged over the N teachers (1/N sum, Su et al. 2022);
+    ``parts`` gets the last batch's (averaged) terms."""
+    share = 1.0 / max(len(teachers), 1)
 
     def distillation(images: torch.Tensor, maps: dict) -> torch.Tensor:
         total = images.new_zeros(())
@@ -81,10 +95,10 @@ def multi_teacher_loss(teachers: list[Detector], params, parts: dict) -> ExtraLo
             feat = sum(channel_wise_distillation(s, t, params.temperature) for s, t in zip(maps["features"], t_maps["features"]))
             cls = sum(channel_wise_distillation(s, t, params.temperature) for s, t in zip(maps["cls_logits"], t_maps["cls_logits"]))
             reg = sum(F.mse_loss(s, t) for s, t in zip(maps["bbox_regression"], t_maps["bbox_regression"]))
-            parts["feat"] += float(feat.detach())
-            parts["cls"] += float(cls.detach())
-            parts["reg"] += float(reg.detach())
-            total = total + params.lambda_feat * feat + params.lambda_cls * cls + params.lambda_reg * reg
+            parts["feat"] += share * float(feat.detach())
+            parts["cls"] += share * float(cls.detach())
+            parts["reg"] += share * float(reg.detach())
+            total = total + share * (params.lambda_feat * feat + params.lambda_cls * cls + params.lambda_reg * reg)
         return total
 
     return distillation
@@ -103,7 +117,7 @@ class FedOD(DetectionMethod):
         distill_iters: int = 100  # student steps on the server's data per round
         temperature: float = 4.0  # T of the channel-wise distillation
         lambda_det: float = 1.0  # detection loss on the server's labels
-        lambda_feat: float = 0.1  # CWD on every feature-pyramid level (its sum over levels and teachers starts ~8x the detection loss)
+        lambda_feat: float = 0.1  # CWD on every feature-pyramid level (summed over levels it starts well above the detection loss; see docs/fedod.md)
         lambda_cls: float = 1.0  # CWD on the classification maps
         lambda_reg: float = 1.0  # L2 on the regression maps
         fusion_weights: tuple[float, ...] = (1.0, 1.0)  # (global, personal) model weights of the ensemble
@@ -149,20 +163,36 @@ class FedOD(DetectionMethod):
             return state, metrics
         reply = ctx.call("distill", {**with_prefix(weights, "global"), **teachers}, [server], config)[server]
         metrics.update({f"distill_{k}": v for k, v in reply.metrics.items()})
-        return {**state, "weights": dict(reply.tensors)}, metrics
+        state = {**state, "weights": dict(reply.tensors)}
+        if self.is_final(ctx.round):
+            metrics["final_fit_loss"] = self.final_fine_tune(ctx, state["weights"])
+        return state, metrics
+
+    def final_fine_tune(self, ctx, weights: Weights) -> dict:
+        """After the last distillation: every client fine-tunes w_g^R into w_i^(R+1) (kept as ``final``); the server host
+        gets them (as ``final@<client>``) to score them and their ensembles on S, an evaluation-only upload."""
+        replies = ctx.call("fit", weights, self.roles.client_ids, lambda cid: {"slot": "final", "seed": ctx.seed(cid, "final_fit")})
+        finals: Weights = {}
+        for cid, reply in replies.items():
+            finals.update(with_prefix(reply.tensors, f"final@{cid}"))
+        ctx.call("keep_teachers", finals, [self.roles.server_id], {"teachers": list(replies), "slot": "final"})
+        return {str(cid): r.metrics["train_loss"] for cid, r in replies.items()}
 
     def families(self, rnd: int) -> list[Family]:
         base = Family("wb", False, ("payload:wb",), lambda cid: ("payload:wb",))
         if self.params.mode == "baseline1":
             return [base]
-        personal = Family("wi", True, ("own:personal",), lambda cid: (f"own:teacher@{cid}",))
-        glob = "wb" if self.params.mode == "baseline2" else "wg"
         fams = [base] if self.params.mode == "baseline2" else [Family("wg", False, ("payload:wg",), lambda cid: ("payload:wg",)), base]
-        fams.append(personal)
-        if self.is_final(rnd):
-            for name, fusion, options in self.fusion_settings():
-                sources = (f"payload:{glob}", "own:personal")
-                fams.append(Family(name, True, sources, lambda cid, g=glob: (f"payload:{g}", f"own:teacher@{cid}"), fusion=fusion, options=options))
+        fams.append(personal_family("wi", "personal", "teacher"))
+        if not self.is_final(rnd):
+            return fams
+        if rnd > 1:
+            fams.append(personal_family("wi_first", "first", "first"))
+        glob, own = ("wb", "personal") if self.params.mode == "baseline2" else ("wg", "final")
+        if own == "final":
+            fams.append(personal_family("wi_final", "final", "final"))
+        for name, fusion, options in self.fusion_settings():
+            fams.append(Family(name, True, (f"payload:{glob}", f"own:{own}"), lambda cid, g=glob, o=own: (f"payload:{g}", f"own:{SERVER_SLOT[o]}@{cid}"), fusion=fusion, options=options))
         return fams
 
     def fusion_settings(self) -> list[tuple[str, str, dict]]:
@@ -187,18 +217,26 @@ class FedOD(DetectionMethod):
     # ---- client half ------------------------------------------------------
     @client_operation
     def fit(self, instruction: Instruction, state: Any, data: ClientData) -> tuple[Reply, Any]:
-        """Client: fine-tune the global model into w_i, keep it, send it."""
+        """Client: fine-tune the global model into w_i, keep it (``personal``, in round 1 also ``first``;
+        ``final`` after the last distillation), send it."""
         model = state["model"]
         load_numpy(model, instruction.tensors)
         loss = self.local_train(model, self.train_set(state, data), self.params.client_iters, instruction.config["seed"])
-        state["own"]["personal"] = model_to_numpy(model)
-        return Reply(data.client_id, state["own"]["personal"], {"train_loss": loss}, num_examples=len(data.train)), state
+        weights = model_to_numpy(model)
+        slot = instruction.config.get("slot", "personal")
+        state["own"][slot] = weights
+        if slot == "personal" and instruction.config.get("round") == 1:
+            state["own"]["first"] = weights
+        return Reply(data.client_id, weights, {"train_loss": loss}, num_examples=len(data.train)), state
 
     @client_operation
     def keep_teachers(self, instruction: Instruction, state: Any, data: ClientData) -> tuple[Reply, Any]:
         """Server host: keep the clients' w_i (to score them and their ensembles on the server's test set)."""
+        slot = instruction.config.get("slot", "teacher")
         for cid in instruction.config["teachers"]:
-            state["own"][f"teacher@{cid}"] = prefixed(instruction.tensors, f"teacher@{cid}")
+            state["own"][f"{slot}@{cid}"] = prefixed(instruction.tensors, f"{slot}@{cid}")
+            if slot == "teacher" and instruction.config.get("round") == 1:
+                state["own"][f"first@{cid}"] = state["own"][f"teacher@{cid}"]
         return Reply(data.client_id, {}, {}, num_examples=0), state
 
     @client_operation

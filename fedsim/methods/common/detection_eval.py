@@ -4,13 +4,18 @@ Evaluation (every evaluated round) reports *families* of predictors. For the mod
 M_i that client i deploys (the global model, its personal model, or their ensemble),
 with S the server's test set and T_i client i's test set::
 
-    s_i = mAP(M_i on S),  p_i = mAP(M_i on T_i),  u_i = mAP(M_i on S u T_i)
+    s_i = mAP(M_i on S),  p_i = mAP(M_i on T_i)
+    u_i = mAP(M_i on S, M_j on T_j for every client j)     (S u T_1 u ... u T_N)
     A_s = mean_i s_i,  A_p = mean_i p_i,  A_u = mean_i u_i
     A_com(alpha) = alpha A_s + (1 - alpha) A_p          (FedOD, Su et al. 2022)
 
-and the same with AP50. Each holder matches its own detections with pycocotools and
-sends only match records (:mod:`fedsim.detection.metrics`); u_i merges the records of
-S and T_i, exactly as pycocotools would on the pooled set. Scoring a personal M_i on
+and the same with AP50. A_u is over the server's and all the clients' test sets, as the
+paper's L_U is: for a global model it is exactly mAP(M on S u T_1 u ... u T_N); for a
+per-client family each T_j is scored by the model its client deploys, M_j (a client's
+personal model never reaches another client). ``A_u_own`` keeps the narrower
+mean_i mAP(M_i on S u T_i). Each holder matches its own detections with pycocotools and
+sends only match records (:mod:`fedsim.detection.metrics`); the unions merge records,
+exactly as pycocotools would on the pooled set. Scoring a personal M_i on
 S needs M_i on the server host: FedOD's w_i are there anyway (the teachers it
 distils); FedBN/FedRep clients upload their personal parts for that in evaluated
 rounds, an evaluation-only exchange that never enters training. For a global
@@ -36,7 +41,7 @@ from fedsim.methods.common.training import load_numpy
 from fedsim.models.detector import Detector
 
 Weights = dict[str, np.ndarray]
-SCORES = ("s", "p", "u", "s50", "p50", "u50")
+SCORES = ("s", "p", "u", "s50", "p50", "u50", "uo", "uo50")
 
 
 @dataclass(frozen=True)
@@ -107,16 +112,21 @@ def predictor_configs(families: list[Family], roles: DetectionRoles) -> dict[int
 def family_scores(fam: Family, records: Callable[[int, str], MatchRecords], roles: DetectionRoles, num_classes: int, alpha: float) -> dict:
     """A_s, A_p, A_u, A_com (mAP and AP50) of one family, per client and averaged; ``target`` for a global family."""
     per_client = {}
+    on_clients = {cid: records(cid, fam.name) for cid in roles.client_ids}
     for cid in roles.client_ids:
         on_server = records(roles.server_id, f"{fam.name}@{cid}" if fam.per_client else fam.name)
-        own = records(cid, fam.name)
-        s, p, u = accumulate([on_server], num_classes), accumulate([own], num_classes), accumulate([on_server, own], num_classes)
-        per_client[str(cid)] = {"s": s["mAP"], "p": p["mAP"], "u": u["mAP"], "s50": s["AP50"], "p50": p["AP50"], "u50": u["AP50"]}
+        own = on_clients[cid]
+        s, p = accumulate([on_server], num_classes), accumulate([own], num_classes)
+        u = accumulate([on_server, *on_clients.values()], num_classes)
+        uo = accumulate([on_server, own], num_classes)
+        per_client[str(cid)] = {
+            "s": s["mAP"], "p": p["mAP"], "u": u["mAP"], "s50": s["AP50"], "p50": p["AP50"], "u50": u["AP50"], "uo": uo["mAP"], "uo50": uo["AP50"],
+        }
     mean = {key: float(np.mean([c[key] for c in per_client.values()])) for key in SCORES}
     entry = {
         "A_s": mean["s"], "A_p": mean["p"], "A_u": mean["u"], "A_com": comprehensive(mean["s"], mean["p"], alpha),
         "AP50_s": mean["s50"], "AP50_p": mean["p50"], "AP50_u": mean["u50"], "AP50_com": comprehensive(mean["s50"], mean["p50"], alpha),
-        "clients": per_client,
+        "A_u_own": mean["uo"], "AP50_u_own": mean["uo50"], "clients": per_client,
     }
     if not fam.per_client and roles.target_ids:
         target = accumulate([records(cid, fam.name) for cid in roles.target_ids], num_classes)
@@ -133,7 +143,7 @@ def summarize(families: list[Family], replies: Mapping[int, Any], roles: Detecti
         return MatchRecords.from_tensors(replies[cid].tensors, label)
 
     detection = {fam.name: family_scores(fam, records, roles, k, alpha) for fam in families}
-    metrics: dict[str, Any] = {"detection": detection}
+    metrics: dict[str, Any] = {"detection": detection, "primary_A_com": detection[primary]["A_com"]}  # per round: the curves
     source_accuracy = {}
     for domain in federation.source_domains:
         if domain == roles.server_domain:
