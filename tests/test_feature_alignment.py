@@ -99,7 +99,7 @@ def test_lambda_ramp_counts_every_batch_of_an_epoch_including_a_skipped_one():
     split = ArraySplit(x, (np.arange(33) % 3).astype(np.int64))
     steps = []
     objective = AlignmentObjective(
-        MMDLoss(), torch.randn(20, 8), torch.Generator().manual_seed(1), lambda step: steps.append(step) or 0.5, *steps_per_epoch(33, 16)
+        MMDLoss(), torch.randn(20, 8), torch.Generator().manual_seed(1), lambda step: steps.append(step) or (0.5, 1.0), *steps_per_epoch(33, 16)
     )
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     train_epochs(model, split, 2, 16, optimizer, seed=3, device=torch.device("cpu"), step_loss=objective)
@@ -143,6 +143,7 @@ def test_sources_get_one_shared_payload_with_the_target_features(toy_overrides):
 def test_feddann_and_fedmmd_differ_only_by_the_loss_object(toy_overrides):
     allowed = {"__module__", "__qualname__", "__doc__", "__firstlineno__", "__static_attributes__", "registry_name", "Params", "make_domain_loss"}
     allowed.add("operations")  # computed for every subclass by Method.__init_subclass__
+    allowed.add("domain_lr_scale")  # the learning rate of the loss's own parameters (DANN's discriminator)
     for cls in (FedDANN, FedMMD):
         assert cls.__bases__ == (FeatureAlignment,)
         assert set(vars(cls)) <= allowed, f"{cls.__name__} overrides more than the loss: {set(vars(cls)) - allowed}"
@@ -156,7 +157,7 @@ def test_feddann_and_fedmmd_differ_only_by_the_loss_object(toy_overrides):
 @pytest.mark.parametrize("method_name", ["feddann", "fedmmd"])
 def test_zero_domain_weight_reduces_to_fedavg(method_name, toy_overrides):
     weights = {}
-    for name, extra in (("fedavg", []), (method_name, ["method.lambda_domain=0"])):
+    for name, extra in (("fedavg", []), (method_name, ["method.lambda_domain=0", "method.lr_schedule=constant"])):
         config = load_config(None, toy_overrides + [f"method.name={name}", *extra])
         federation = build_federation(config.data)
         server = Server(config, federation, LocalExecutor(config, federation))
@@ -220,3 +221,53 @@ def test_feddann_local_and_ray_agree(toy_overrides, ray_cluster, tmp_path):
     assert [m["domain_loss"] for m in local.history] == [m["domain_loss"] for m in ray_.history]
     for name in local.global_tensors:
         np.testing.assert_allclose(local.global_tensors[name], ray_.global_tensors[name], rtol=1e-6, atol=1e-7)
+
+
+def test_the_schedule_follows_ganins_ramp_and_annealing(toy_overrides):
+    """lambda_p = 2/(1+exp(-10p)) - 1 and mu_p = mu_0/(1+10p)^0.75 at every local step (Ganin et al. 2016, Sec. 5.2.2)."""
+    _, _, _, method = setup(toy_overrides, "feddann", "run.rounds=4")
+    schedule = method.step_schedule(rnd=3, steps=10)
+    for step in (1, 5, 10):
+        p = (2 + step / 10) / 4
+        weight, factor = schedule(step)
+        assert weight == pytest.approx(2 / (1 + math.exp(-10 * p)) - 1)
+        assert factor == pytest.approx(1 / (1 + 10 * p) ** 0.75)
+    _, _, _, flat = setup(toy_overrides, "feddann", "method.schedule=constant", "method.lr_schedule=constant", "method.lambda_domain=0.3")
+    assert flat.step_schedule(2, 10)(7) == (0.3, 1.0)
+
+
+def test_optimizer_anneals_every_group_and_scales_the_discriminator(toy_overrides):
+    from fedsim.methods.common.alignment import alignment_optimizer
+
+    config, _, _, method = setup(toy_overrides, "feddann", "method.discriminator_lr_scale=10", "method.lr=0.02")
+    assert method.domain_lr_scale() == 10
+    model, loss = torch.nn.Linear(4, 3), DANNLoss(3, 5, 1)
+    optimizer = alignment_optimizer(model, loss, config.method, method.domain_lr_scale())
+    assert [g["lr"] for g in optimizer.param_groups] == pytest.approx([0.02, 0.2])
+    objective = AlignmentObjective(loss, torch.randn(8, 3), torch.Generator().manual_seed(0), lambda step: (1.0, 0.5), 1, 1, optimizer)
+    wrapped = _Split(model)
+    objective(wrapped, torch.randn(4, 4), torch.tensor([0, 1, 2, 0]))
+    assert [g["lr"] for g in optimizer.param_groups] == pytest.approx([0.01, 0.1])
+    assert objective.metrics()["lr"] == pytest.approx(0.01)
+
+
+class _Split(torch.nn.Module):
+    """features = a linear map, head = identity: the smallest encoder/head split."""
+
+    def __init__(self, linear=None):
+        super().__init__()
+        self.linear = linear
+
+    def features(self, x):
+        return self.linear(x)
+
+    def head(self, f):
+        return f
+
+
+def test_feddann_defaults_are_ganins_mnist_discriminator(toy_overrides):
+    _, _, _, method = setup(toy_overrides, "feddann")
+    loss = method.make_domain_loss(16)
+    linears = [m for m in loss.modules() if isinstance(m, torch.nn.Linear)]
+    assert [(m.in_features, m.out_features) for m in linears] == [(16, 100), (100, 1)]
+    assert method.params.schedule == "dann" and method.params.lr_schedule == "dann" and method.domain_lr_scale() == 1.0

@@ -51,3 +51,10 @@ def dann_schedule(progress: float, gamma: float = 10.0) -> float:
     """lambda_p = 2 / (1 + exp(-gamma p)) - 1 for training progress p in [0, 1] (Ganin et al., JMLR 2016, Sec. 5.2.2)."""
     p = min(max(float(progress), 0.0), 1.0)
     return 2.0 / (1.0 + math.exp(-gamma * p)) - 1.0
+
+
+def dann_lr_factor(progress: float, alpha: float = 10.0, beta: float = 0.75) -> float:
+    """mu_p / mu_0 = 1 / (1 + alpha p)^beta for training progress p in [0, 1] (Ganin et al., JMLR 2016, Sec. 5.2.2:
+    alpha = 10, beta = 0.75; the same annealing in Long et al.'s later alignment work, JAN 2017)."""
+    p = min(max(float(progress), 0.0), 1.0)
+    return 1.0 / (1.0 + alpha * p) ** beta

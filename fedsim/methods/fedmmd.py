@@ -5,6 +5,15 @@ of encoded target features sent by the target client; the model weights are
 averaged as in FedAvg. The exchange and the local loop are
 :class:`fedsim.methods.common.alignment.FeatureAlignment`'s; only the loss
 object differs from FedDANN.
+
+Training, from the sources: equal-weight Gaussian kernels with bandwidths at
+multiples of the median heuristic (Long et al. 2015, Sec. 3 and 4: a family of
+kernels, sigma^2 = 2^k times the median squared distance); lambda = 1 on the
+ramp 2/(1+exp(-10p))-1 and the learning rate annealed as mu_0/(1+10p)^0.75,
+the training schedule DAN's own follow-up work (JAN, Long et al. 2017) takes
+from Ganin et al. (2016), shared with FedDANN so the two baselines differ by
+the loss alone (:mod:`fedsim.methods.common.alignment`). MMD has no parameters:
+there is no discriminator learning rate.
 """
 from __future__ import annotations
 

@@ -35,14 +35,34 @@ digits -> usps, one shared batch made DANN worse than source-only (36.5 vs
 during the source's local epochs: the alignment moves the source features, and
 the target's encoding follows through the shared weights in later rounds.
 
-``lambda`` is ``lambda_domain`` times, with ``schedule = "dann"``, the ramp
-2 / (1 + exp(-10 p)) - 1 over the training progress p (Ganin et al., JMLR 2016,
-Sec. 5.2.2), p counted in local steps over ``run.rounds`` rounds.
+With ``target_normalization = "batch"`` and a model with batch norm, the target
+also *evaluates* with statistics of its own inputs (re-estimated on its unlabeled
+training inputs, AdaBN, as FedBN's target does): the features it aligned were
+normalized by target statistics, so it is tested that way too (per-domain
+batch norm, as the domain-specific normalization the separate passes imply).
+The MLP of the embedded digits has no batch norm: there it changes nothing.
+
+Training as the papers train (Ganin et al., JMLR 2016, Sec. 5.2.2), p the
+training progress in [0, 1] counted in local steps over ``run.rounds`` rounds:
+
+* ``lambda`` is ``lambda_domain`` times, with ``schedule = "dann"``, the ramp
+  2 / (1 + exp(-10 p)) - 1 (gamma = 10);
+* with ``lr_schedule = "dann"`` the learning rate is annealed as
+  mu_p = mu_0 / (1 + 10 p)^0.75 (alpha = 10, beta = 0.75), step by step, the
+  fresh optimizer of each round starting from the annealed value;
+* the domain loss's own parameters (DANN's discriminator) train with
+  ``method.lr`` times :meth:`FeatureAlignment.domain_lr_scale` (1 unless a
+  method says otherwise).
+
+Target features are refreshed once per round, before the sources' fit: the most
+often a round-based exchange allows without averaging the model more often
+than FedAvg; every refresh is counted in ``bytes_sent``/``bytes_received``
+by the runtime like any exchange.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import numpy as np
 import torch
@@ -51,14 +71,17 @@ from torch import nn
 from fedsim.data.base import ClientData
 from fedsim.errors import UserError
 from fedsim.losses import DomainLoss, dann_schedule
+from fedsim.losses.domain import dann_lr_factor
 from fedsim.messages import Instruction, Reply
 from fedsim.methods.base import Method, ServerState, client_operation
-from fedsim.methods.common.training import CHUNK, encode_in_chunks, load_numpy, make_optimizer, model_to_numpy, train_epochs
+from fedsim.methods.common.training import CHUNK, encode_in_chunks, evaluate_model, load_numpy, make_optimizer, model_to_numpy, train_epochs
 from fedsim.methods.fedavg import FedAvg
+from fedsim.methods.fedbn import reestimate_bn
+from fedsim.models.normalization import bn_keys
 from fedsim.seeding import derive_seed, numpy_rng
 
 TARGET_FEATURES = "target_features"  # payload key of the target features in the sources' fit instruction
-SCHEDULES = ("dann", "constant")
+SCHEDULES = ("dann", "constant")  # lambda ramp and learning-rate annealing: Ganin et al.'s, or none
 
 
 @dataclass(frozen=True)
@@ -69,12 +92,15 @@ class AlignmentParams:
     schedule: str = "dann"  # "dann": lambda_domain * (2 / (1 + exp(-10 p)) - 1); "constant": lambda_domain
     target_batch: int = 256  # target features each target client sends per round
     target_normalization: str = "batch"  # "batch": target batch-norm statistics, like the sources'; "running": eval mode
+    lr_schedule: str = "dann"  # "dann": method.lr / (1 + 10 p)^0.75 (Ganin et al. 2016, Sec. 5.2.2); "constant": method.lr
 
     def __post_init__(self):
         if self.lambda_domain < 0:
             raise UserError(f"method.lambda_domain must be 0 or more, got {self.lambda_domain}")
         if self.schedule not in SCHEDULES:
             raise UserError(f"method.schedule must be one of {', '.join(SCHEDULES)}, got {self.schedule!r}")
+        if self.lr_schedule not in SCHEDULES:
+            raise UserError(f"method.lr_schedule must be one of {', '.join(SCHEDULES)}, got {self.lr_schedule!r}")
         if self.target_normalization not in ("batch", "running"):
             raise UserError(f"method.target_normalization must be 'batch' or 'running', got {self.target_normalization!r}")
         if self.target_batch < 2:
@@ -116,15 +142,19 @@ def steps_per_epoch(count: int, batch_size: int) -> tuple[int, int]:
 class AlignmentObjective:
     """The ``step_loss`` of a source's local epochs: cross-entropy(head(f_s), y_s) + lambda * domain loss.
 
-    Each call draws a batch of the target features (its own generator), weighs the domain loss by
-    ``weight_at(step)`` (``step`` counts the batches of the epochs so far, skipped ones included) and
-    keeps the per-sample means of the last epoch's task loss, domain loss and the loss's diagnostics.
+    Each call draws a batch of the target (its own generator), asks ``schedule(step)`` for
+    (lambda, learning-rate factor) (``step`` counts the batches of the epochs so far, skipped ones
+    included), sets every param group of ``optimizer`` to its ``initial_lr`` times the factor (the step
+    that follows uses it) and keeps the per-sample means of the last epoch's task loss, domain loss and
+    the loss's diagnostics. ``target`` holds features, or inputs when ``encode_target`` (the centralized
+    references: the target batch goes through the encoder in its own forward pass, so its gradient is trained too).
     """
 
     def __init__(self, domain_loss: DomainLoss, target: torch.Tensor, generator: torch.Generator,
-                 weight_at: Callable[[int], float], batches: int, trained: int):
-        self.domain_loss, self.target, self.generator, self.weight_at = domain_loss, target, generator, weight_at
-        self.batches, self.trained = batches, trained
+                 schedule: Callable[[int], tuple[float, float]], batches: int, trained: int,
+                 optimizer: Optional[torch.optim.Optimizer] = None, encode_target: bool = False):
+        self.domain_loss, self.target, self.generator, self.schedule = domain_loss, target, generator, schedule
+        self.batches, self.trained, self.optimizer, self.encode_target = batches, trained, optimizer, encode_target
         self.calls, self.count = 0, 0
         self.sums: dict[str, float] = {}
 
@@ -133,12 +163,17 @@ class AlignmentObjective:
         self.calls += 1
         if position == 0:  # a new epoch: the metrics are the last epoch's
             self.sums, self.count = {}, 0
-        weight = self.weight_at(epoch * self.batches + position + 1)
+        weight, lr_factor = self.schedule(epoch * self.batches + position + 1)
+        for group in self.optimizer.param_groups if self.optimizer is not None else ():
+            group["lr"] = group["initial_lr"] * lr_factor
         pick = torch.randperm(len(self.target), generator=self.generator)[: len(xb)]
+        target = self.target[pick].to(xb.device)
         source_features = model.features(xb)
+        target_features = model.features(target) if self.encode_target else target
         task = nn.functional.cross_entropy(model.head(source_features), yb)
-        term, value = self.domain_loss.objective(source_features, self.target[pick], weight)
+        term, value = self.domain_loss.objective(source_features, target_features, weight)
         batch = {"train_loss": float(task.detach()), "domain_loss": float(value.detach()), **self.domain_loss.last_metrics}
+        batch.update({"lr": float(self.optimizer.param_groups[0]["lr"])} if self.optimizer is not None else {})
         for key, number in batch.items():
             self.sums[key] = self.sums.get(key, 0.0) + number * len(xb)
         self.count += len(xb)
@@ -147,6 +182,19 @@ class AlignmentObjective:
     def metrics(self) -> dict[str, float]:
         """Per-sample means over the last epoch."""
         return {key: value / max(self.count, 1) for key, value in self.sums.items()}
+
+
+def alignment_optimizer(model: nn.Module, domain_loss: DomainLoss, method_config, domain_lr_scale: float) -> torch.optim.Optimizer:
+    """SGD over the model (``method.lr``) and the domain loss's parameters (``method.lr * domain_lr_scale``);
+    each group keeps its base rate as ``initial_lr`` for the annealing."""
+    groups = [{"params": list(model.parameters()), "initial_lr": method_config.lr}]
+    extra = list(domain_loss.parameters())
+    if extra:
+        groups.append({"params": extra, "initial_lr": method_config.lr * domain_lr_scale})
+    optimizer = make_optimizer(groups, method_config)
+    for group in optimizer.param_groups:
+        group["lr"] = group["initial_lr"]
+    return optimizer
 
 
 class FeatureAlignment(Method):
@@ -162,10 +210,28 @@ class FeatureAlignment(Method):
         """The domain loss object of one source client (built once, kept private across rounds)."""
         raise NotImplementedError
 
+    def domain_lr_scale(self) -> float:
+        """Learning-rate multiplier of the domain loss's own parameters (FedDANN's discriminator)."""
+        return 1.0
+
     def domain_weight(self, progress: float) -> float:
         """lambda at training progress ``progress`` in [0, 1]."""
         scale = dann_schedule(progress) if self.params.schedule == "dann" else 1.0
         return self.params.lambda_domain * scale
+
+    def lr_factor(self, progress: float) -> float:
+        """mu_p / mu_0 at training progress ``progress`` in [0, 1]."""
+        return dann_lr_factor(progress) if self.params.lr_schedule == "dann" else 1.0
+
+    def step_schedule(self, rnd: int, steps: int) -> Callable[[int], tuple[float, float]]:
+        """(lambda, lr factor) of local step ``step`` (1-based) of round ``rnd``, ``steps`` steps per round."""
+        rounds = self.config.run.rounds
+
+        def schedule(step: int) -> tuple[float, float]:
+            progress = (rnd - 1 + step / steps) / rounds
+            return self.domain_weight(progress), self.lr_factor(progress)
+
+        return schedule
 
     # ---- server half ------------------------------------------------------
     def init_server(self) -> ServerState:
@@ -195,7 +261,13 @@ class FeatureAlignment(Method):
 
     @client_operation
     def evaluate(self, instruction: Instruction, state: Any, data: ClientData) -> tuple[Reply, Any]:
-        return self.fedavg.evaluate(instruction, state, data)
+        """FedAvg's evaluation; the target, whose features were normalized by its own batches, with its own BN statistics."""
+        model = state["model"]
+        if not (data.is_target and self.params.target_normalization == "batch" and bn_keys(model)):
+            return self.fedavg.evaluate(instruction, state, data)
+        load_numpy(model, instruction.tensors)
+        reestimate_bn(model, data.train.x, self.device)  # inputs only: the target's train.y is None
+        return Reply(data.client_id, {}, evaluate_model(model, data.test, self.device), num_examples=len(data.test)), state
 
     @client_operation
     def features(self, instruction: Instruction, state: Any, data: ClientData) -> tuple[Reply, Any]:
@@ -217,12 +289,11 @@ class FeatureAlignment(Method):
         model, domain_loss = state["model"], state["domain_loss"]
         load_numpy(model, {k: v for k, v in instruction.tensors.items() if k != TARGET_FEATURES})
         target = torch.tensor(np.asarray(instruction.tensors[TARGET_FEATURES])).to(self.device)
-        optimizer = make_optimizer(nn.ModuleList([model, domain_loss]), method)  # fresh each round
+        optimizer = alignment_optimizer(model, domain_loss, method, self.domain_lr_scale())  # fresh each round
         batches, trained = steps_per_epoch(len(data.train), method.batch_size)
-        rnd, rounds, steps = instruction.config["round"], self.config.run.rounds, method.local_epochs * batches
         objective = AlignmentObjective(
             domain_loss, target, torch.Generator().manual_seed(derive_seed(seed, "target-batch")),
-            lambda step: self.domain_weight((rnd - 1 + step / steps) / rounds), batches, trained,
+            self.step_schedule(instruction.config["round"], method.local_epochs * batches), batches, trained, optimizer,
         )
         domain_loss.train()
         train_epochs(model, data.train, method.local_epochs, method.batch_size, optimizer, seed, self.device, step_loss=objective)
