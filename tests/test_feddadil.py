@@ -67,26 +67,20 @@ def test_random_aggregation_keeps_one_client_version(toy_overrides):
     server, executor, _ = _server(toy_overrides + SMALL)
     server.run_round(1, evaluate=False)
     instructions, replies = executor.calls[-1]
-    idx = server.method.atom_batch(1)
-    assert idx.tolist() == sorted(set(idx.tolist())) and len(idx) == 20
-    kept = server.state["atoms_x"][:, idx]
+    kept = server.state["atoms_x"]
+    assert kept.shape[1] == 40  # the whole dictionary travels (PyDiL's client update)
     matches = [cid for cid, r in replies.items() if np.array_equal(r.tensors["atoms_x"], kept)]
     assert len(matches) == 1
     # every client got the same payload object (serialized once)
     assert len({id(ins.tensors) for ins in instructions.values()}) == 1
-    # the atom samples outside the batch are untouched
-    untouched = np.setdiff1d(np.arange(40), idx)
-    initial = server.method.init_server()["atoms_x"]
-    np.testing.assert_array_equal(server.state["atoms_x"][:, untouched], initial[:, untouched])
 
 
 def test_average_aggregation(toy_overrides):
     server, executor, _ = _server(toy_overrides + SMALL + ["method.aggregation=avg"])
     server.run_round(1, evaluate=False)
     _, replies = executor.calls[-1]
-    idx = server.method.atom_batch(1)
     expected = np.mean([r.tensors["atoms_x"] for r in replies.values()], axis=0)
-    np.testing.assert_allclose(server.state["atoms_x"][:, idx], expected, rtol=1e-6)
+    np.testing.assert_allclose(server.state["atoms_x"], expected, rtol=1e-6)
 
 
 def test_round_metrics_and_both_predictors(toy_overrides):
@@ -94,7 +88,7 @@ def test_round_metrics_and_both_predictors(toy_overrides):
     metrics = server.run_round(1, evaluate=True)
     assert metrics["stage"] == "dictionary"
     assert set(metrics["dil_loss"]) == {str(c) for c in federation.client_ids}
-    assert metrics["atom_drift"] > 0
+    assert metrics["atom_drift"] > 0 and metrics["atom_dispersion"] > 0
     target = [r for cid, r in executor.calls[-1][1].items() if federation.info(cid).domain == federation.target]
     total = sum(r.metrics["total"] for r in target)
     assert metrics["target_accuracy"] == sum(r.metrics["correct"] for r in target) / total
@@ -103,8 +97,49 @@ def test_round_metrics_and_both_predictors(toy_overrides):
 
 def test_atom_drift_is_zero_for_identical_versions():
     x, logits = dil.init_atoms(2, 10, 3, 2, seed=0)
-    assert dil.atom_drift([(x, logits), (x.copy(), logits.copy())], dil.DictionaryParams()) == pytest.approx(0.0, abs=1e-5)
-    assert dil.atom_drift([(x, logits), (x + 1.0, logits)], dil.DictionaryParams()) > 0
+    p = dil.DictionaryParams()
+    assert dil.atom_dispersion([(x, logits), (x.copy(), logits.copy())], p) == pytest.approx(0.0, abs=1e-5)
+    assert dil.atom_dispersion([(x, logits), (x + 1.0, logits)], p) > 0
+    assert dil.atom_drift([(x.copy(), logits.copy())] * 2, (x, logits), p) == pytest.approx(0.0, abs=1e-5)
+    assert dil.atom_drift([(x + 1.0, logits)], (x, logits), p) > dil.atom_drift([(x + 0.5, logits)], (x, logits), p) > 0
+
+
+def test_client_optimizer_state_persists_across_rounds(toy_overrides):
+    server, executor, federation = _server(toy_overrides + SMALL)
+    server.run_round(1, evaluate=False)
+    for cid in federation.client_ids:
+        buffers = executor.host.private_state(cid)["optimizer"]["state"]
+        assert buffers and all("momentum_buffer" in b for b in buffers.values())
+
+
+def test_dadil_follows_alg2_per_domain_atom_batches(toy_overrides, monkeypatch):
+    """Alg. 2: in one step every domain draws its own atom mini-batch; rows no domain sampled do not change."""
+    server, _, federation = _server(toy_overrides + SMALL + ["method.name=dadil", "method.batch_size=5"])
+    drawn, steps = [], []
+    draw, step = dil.atom_minibatches, dil.step_touched
+
+    def record_draw(*args):
+        batches = draw(*args)
+        drawn.append(batches[0])
+        return batches
+
+    def record_step(optimizer, atoms, touched):
+        before = [a.detach().clone() for a in atoms]
+        step(optimizer, atoms, touched)
+        steps.append((before, [a.detach().clone() for a in atoms], touched.clone(), list(drawn)))
+        drawn.clear()
+
+    monkeypatch.setattr(dil, "atom_minibatches", record_draw)
+    monkeypatch.setattr(dil, "step_touched", record_step)
+    server.run_round(1, evaluate=False)
+    assert len(steps) == 40 // 5  # one epoch of n // n_b steps
+    for before, after, touched, batches in steps:
+        assert len(batches) == len(federation.client_ids)  # one atom mini-batch per domain per step
+        assert not torch.equal(batches[0], batches[1])
+        assert (~touched).any() and touched.any()
+        for old, new in zip(before, after):
+            assert torch.equal(old[~touched], new[~touched])
+        assert not torch.equal(before[0][touched], after[0][touched])
 
 
 def test_bad_parameters(toy_overrides, image_overrides):

@@ -1,8 +1,16 @@
 """DaDiL, centralized: the upper bound that FedDaDiL is compared with (FedDaDiL paper, Fig. 2a).
 
-Montesuma, Mboula, Souloumiac, ECAI 2023, Alg. 1: one process sees every
+Montesuma, Mboula, Souloumiac, ECAI 2023, Alg. 2: one process sees every
 domain and minimizes sum_l W_c(Q_l, B(alpha_l; P)) (Eq. 9) over the atoms and
-all barycentric coordinates with the same mini-batch steps as FedDaDiL.
+all barycentric coordinates. The full atoms are one trainable tensor (K, n, d)
+(and their label logits another); at each step every domain l draws its own
+mini-batch of its data and its own mini-batch of every atom's rows, computes
+its loss, the losses are summed, and the optimizer updates the atom rows some
+domain's loss touched (rows no domain sampled stay as they are, momentum
+included). A round is E epochs of n // n_b steps, as many steps as one
+FedDaDiL client makes; the optimizer state persists across rounds in the
+server state. Defaults as FedDaDiL (the authors' PyDiL example: SGD lr 1e-2,
+momentum 0.9, n = 500, n_b = 200).
 
 To keep the comparison exact, it runs on the same simulator: in the first
 dictionary round every client uploads its (standardized, encoded) training
@@ -25,7 +33,6 @@ from fedsim.messages import Instruction, Reply
 from fedsim.methods.base import ServerState, client_operation
 from fedsim.methods.common import dictionary as dil
 from fedsim.methods.common.encoder_stage import DictionaryMethod, EncoderStage
-from fedsim.methods.common.training import minibatches
 from fedsim.registry import METHODS
 
 
@@ -58,39 +65,43 @@ class DaDiL(DictionaryMethod):
         if "pool" not in state:
             replies = ctx.call("upload", self.encoder.feature_payload(ctx, state), self.federation.client_ids)
             state = {**state, "pool": {cid: (r.tensors["x"], r.tensors.get("y")) for cid, r in replies.items()}}
-        idx = dil.atom_batch(self.config.run.seed, ctx.round, self.params, self.config.method.batch_size)
-        atoms_x, atoms_logits = dil.trainable_atoms(state["atoms_x"][:, idx], state["atoms_logits"][:, idx])
+        atoms_x = torch.tensor(state["atoms_x"], requires_grad=True)
+        atoms_logits = torch.tensor(state["atoms_logits"], requires_grad=True)
         alphas = {cid: torch.tensor(a, requires_grad=True) for cid, a in state["alphas"].items()}
-        losses = self.train_dictionary(ctx, state["pool"], atoms_x, atoms_logits, alphas)
-        state = dil.with_atom_batch(state, idx, atoms_x.detach().numpy(), atoms_logits.detach().numpy())
-        state["alphas"] = {cid: a.detach().numpy().copy() for cid, a in alphas.items()}
+        optimizer = dil.make_optimizer(self.params, self.config.method.momentum, [atoms_x, atoms_logits], list(alphas.values()))
+        if "optimizer" in state:
+            optimizer.load_state_dict(state["optimizer"])
+        losses = self.train_dictionary(ctx, state["pool"], atoms_x, atoms_logits, alphas, optimizer)
+        state = {**state, "atoms_x": atoms_x.detach().numpy(), "atoms_logits": atoms_logits.detach().numpy(),
+                 "alphas": {cid: a.detach().numpy().copy() for cid, a in alphas.items()}, "optimizer": optimizer.state_dict()}
         return state, {"stage": "dictionary", "dil_loss": {str(c): float(np.mean(v)) for c, v in losses.items()}}
 
-    def train_dictionary(self, ctx, pool: dict, atoms_x, atoms_logits, alphas: dict) -> dict[int, list[float]]:
-        """E epochs of Adam on the atom batch and every alpha_l, one step per mini-batch of every domain
-        (summed losses); a domain with fewer batches starts over. Returns the last epoch's losses."""
-        p = self.params
-        optimizer = torch.optim.Adam(
-            [{"params": [atoms_x, atoms_logits], "lr": p.lr_atoms}, {"params": list(alphas.values()), "lr": p.lr_alpha}]
-        )
+    def train_dictionary(self, ctx, pool: dict, atoms_x, atoms_logits, alphas: dict, optimizer) -> dict[int, list[float]]:
+        """E epochs of n // n_b steps (Alg. 2). Each step, every domain draws its own data mini-batch and its
+        own atom mini-batch; the summed loss updates the atom rows sampled by some domain, and every alpha_l
+        (projected on the simplex). Returns the last epoch's losses."""
+        p, batch_size = self.params, self.config.method.batch_size
         data = {}
         for cid, (x, y) in pool.items():
             generator = torch.Generator().manual_seed(ctx.seed(cid, "dil"))
-            data[cid] = (torch.tensor(x), dil.one_hot_labels(y, self.federation.num_classes), generator)
+            data[cid] = (torch.as_tensor(x), dil.one_hot_labels(y, self.federation.num_classes), generator)
         losses: dict[int, list[float]] = {}
+        steps = max(p.samples_per_atom // batch_size, 1)
         for _ in range(self.config.method.local_epochs):
             losses = {cid: [] for cid in data}
-            iterators = {cid: list(minibatches(len(x), self.config.method.batch_size, g)) for cid, (x, _, g) in data.items()}
-            for step in range(max(len(it) for it in iterators.values())):
-                total = 0.0
-                for cid, (x, labels, _) in data.items():
-                    chunk = iterators[cid][step % len(iterators[cid])]
-                    loss = dil.dil_loss(atoms_x, atoms_logits, alphas[cid], x[chunk], None if labels is None else labels[chunk], p)
+            for _ in range(steps):
+                total, touched = 0.0, torch.zeros(atoms_x.shape[:2], dtype=torch.bool)
+                for cid, (x, labels, generator) in data.items():
+                    idx = dil.atom_minibatches(self.num_atoms, p.samples_per_atom, batch_size, generator)[0]
+                    rows = dil.data_minibatch(len(x), batch_size, generator)
+                    touched[torch.arange(self.num_atoms)[:, None], idx] = True
+                    loss = dil.dil_loss(*dil.gather_atoms(atoms_x, atoms_logits, idx), alphas[cid], x[rows],
+                                        None if labels is None else labels[rows], p)
                     total = total + loss
                     losses[cid].append(float(loss.detach()))
                 optimizer.zero_grad(set_to_none=True)
                 total.backward()
-                optimizer.step()
+                dil.step_touched(optimizer, [atoms_x, atoms_logits], touched)
                 for alpha in alphas.values():
                     dil.project_alpha(alpha)
         return losses

@@ -32,7 +32,6 @@ from fedsim.messages import Instruction, Reply
 from fedsim.methods.base import ServerState, client_operation
 from fedsim.methods.common import dictionary as dil
 from fedsim.methods.common.encoder_stage import DictionaryMethod, EncoderStage
-from fedsim.methods.common.training import minibatches
 from fedsim.registry import METHODS
 from fedsim.seeding import numpy_rng
 
@@ -58,15 +57,10 @@ class FedDaDiL(DictionaryMethod):
         atoms = dil.initial_dictionary(self.params, self.num_atoms, self.encoder.feature_dim, self.federation.num_classes, self.config.run.seed)
         return {**atoms, **self.encoder.init_server()}
 
-    def atom_batch(self, rnd: int) -> np.ndarray:
-        return dil.atom_batch(self.config.run.seed, rnd, self.params, self.config.method.batch_size)
-
     def run_round(self, ctx, state: ServerState) -> tuple[ServerState, dict]:
         if self.encoder.is_encoder_round(ctx.round):
             return self.encoder.run_round(ctx, state)
-        idx = self.atom_batch(ctx.round)
-        payload = {"atoms_x": state["atoms_x"][:, idx], "atoms_logits": state["atoms_logits"][:, idx]}
-        payload.update(self.encoder.feature_payload(ctx, state))
+        payload = {**dil.atom_tensors(state), **self.encoder.feature_payload(ctx, state)}
         # the first dictionary round reaches every client (encoder weights, standardization); then a sample
         working = self.federation.client_ids if "weights" in payload else self.sample_clients(ctx.round, self.federation.client_ids)
         replies = ctx.call("dil", payload, working)
@@ -74,9 +68,11 @@ class FedDaDiL(DictionaryMethod):
         metrics = {
             "stage": "dictionary",
             "dil_loss": {str(cid): r.metrics["dil_loss"] for cid, r in replies.items()},
-            "atom_drift": dil.atom_drift(versions, self.params),
+            "atom_drift": dil.atom_drift(versions, (state["atoms_x"], state["atoms_logits"]), self.params),
+            "atom_dispersion": dil.atom_dispersion(versions, self.params),
         }
-        return dil.with_atom_batch(state, idx, *self.aggregate_atoms(ctx.round, versions)), metrics
+        atoms_x, atoms_logits = self.aggregate_atoms(ctx.round, versions)
+        return {**state, "atoms_x": np.asarray(atoms_x), "atoms_logits": np.asarray(atoms_logits)}, metrics
 
     def aggregate_atoms(self, rnd: int, versions):
         """The paper's rule: one client's version drawn at random; or the mean of the versions."""
@@ -99,26 +95,30 @@ class FedDaDiL(DictionaryMethod):
 
     @client_operation
     def dil(self, instruction: Instruction, state: Any, data: ClientData) -> tuple[Reply, Any]:
-        """E local epochs of Adam on the client's copy of the atom batch and on its alpha (Alg. 1, ClientUpdate)."""
-        p = self.params
+        """E local iterations on the client's copy of the atoms and on its alpha (Alg. 1, ClientUpdate)."""
+        p, batch_size = self.params, self.config.method.batch_size
         self.encoder.prepare(state, data, instruction.tensors)
         train_x = state["train_features"]
         atoms_x, atoms_logits = dil.trainable_atoms(instruction.tensors["atoms_x"], instruction.tensors["atoms_logits"])
         alpha = state["alpha"].clone().requires_grad_(True)
-        optimizer = torch.optim.Adam([{"params": [atoms_x, atoms_logits], "lr": p.lr_atoms}, {"params": [alpha], "lr": p.lr_alpha}])
+        optimizer = dil.make_optimizer(p, self.config.method.momentum, [atoms_x, atoms_logits], [alpha])
+        if "optimizer" in state:  # PyDiL's client keeps one optimizer (and its momentum) across rounds
+            optimizer.load_state_dict(state["optimizer"])
         labels = dil.one_hot_labels(data.train.y, data.num_classes)
         generator = torch.Generator().manual_seed(instruction.config["seed"])
         losses: list[float] = []
         for _ in range(self.config.method.local_epochs):
             losses = []
-            for idx in minibatches(len(train_x), self.config.method.batch_size, generator):
-                loss = dil.dil_loss(atoms_x, atoms_logits, alpha, train_x[idx], None if labels is None else labels[idx], p)
+            for idx in dil.atom_minibatches(self.num_atoms, p.samples_per_atom, batch_size, generator):
+                rows = dil.data_minibatch(len(train_x), batch_size, generator)
+                loss = dil.dil_loss(*dil.gather_atoms(atoms_x, atoms_logits, idx), alpha, train_x[rows],
+                                    None if labels is None else labels[rows], p)
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 optimizer.step()
                 dil.project_alpha(alpha)
                 losses.append(float(loss.detach()))
-        state["alpha"] = alpha.detach().clone()
+        state["alpha"], state["optimizer"] = alpha.detach().clone(), optimizer.state_dict()
         tensors = {"atoms_x": atoms_x.detach().numpy(), "atoms_logits": atoms_logits.detach().numpy()}
         return Reply(data.client_id, tensors, {"dil_loss": float(np.mean(losses)) if losses else float("nan")}, len(train_x)), state
 

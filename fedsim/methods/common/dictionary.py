@@ -36,9 +36,10 @@ class DictionaryParams:
     """Parameters shared by FedDaDiL and DaDiL (names follow the papers)."""
 
     num_atoms: int = 0  # K; 0 = one atom per domain (the papers' usual choice)
-    samples_per_atom: int = 256  # n
-    lr_atoms: float = 0.3  # Adam step on atom features and label logits (chosen on the sources' DiL loss, TEP probe)
-    lr_alpha: float = 0.01  # Adam step on barycentric coordinates, then projection on the simplex
+    samples_per_atom: int = 500  # n (the authors' PyDiL federated example)
+    optimizer: str = "sgd"  # "sgd" (PyDiL's federated example: SGD with momentum) or "adam"
+    lr_atoms: float = 0.01  # step on atom features and label logits (PyDiL example: 1e-2)
+    lr_alpha: float = 0.01  # step on barycentric coordinates, then projection on the simplex (PyDiL: same lr)
     beta: float = 0.0  # label-cost weight; 0 = the largest feature cost of the batch (a fixed rule, not tuned)
     aggregation: str = "random"  # "random" (the paper's rule: one client's version) or "avg"
     solver: str = "emd"  # "emd" (exact), "sinkhorn", "sinkhorn_log"
@@ -51,6 +52,8 @@ class DictionaryParams:
     def __post_init__(self):
         if self.aggregation not in ("random", "avg"):
             raise UserError(f"method.aggregation must be 'random' or 'avg', got {self.aggregation!r}")
+        if self.optimizer not in ("sgd", "adam"):
+            raise UserError(f"method.optimizer must be 'sgd' or 'adam', got {self.optimizer!r}")
         if self.solver not in SOLVERS:
             raise UserError(f"method.solver must be 'emd', 'sinkhorn' or 'sinkhorn_log', got {self.solver!r}")
         for name in ("samples_per_atom", "barycenter_iterations", "classifier_steps"):
@@ -89,21 +92,45 @@ def initial_dictionary(p: DictionaryParams, k: int, dim: int, classes: int, root
     return {"atoms_x": atoms_x, "atoms_logits": atoms_logits}
 
 
-def atom_batch(root_seed: int, rnd: int, p: DictionaryParams, batch_size: int) -> np.ndarray:
-    """The sorted indices of the atom samples that round ``rnd`` works on (the same for every client)."""
-    return np.sort(numpy_rng(root_seed, rnd, "atom-batch").choice(p.samples_per_atom, batch_size, replace=False))
-
-
 def atom_tensors(state: dict) -> dict[str, np.ndarray]:
-    """The whole dictionary as named tensors (what the server sends for evaluation)."""
+    """The whole dictionary as named tensors (what the server sends)."""
     return {"atoms_x": state["atoms_x"], "atoms_logits": state["atoms_logits"]}
 
 
-def with_atom_batch(state: dict, idx: np.ndarray, atoms_x: np.ndarray, atoms_logits: np.ndarray) -> dict:
-    """The server state with the atom samples ``idx`` replaced by a new version of that batch."""
-    new_x, new_logits = state["atoms_x"].copy(), state["atoms_logits"].copy()
-    new_x[:, idx], new_logits[:, idx] = atoms_x, atoms_logits
-    return {**state, "atoms_x": new_x, "atoms_logits": new_logits}
+def atom_minibatches(k: int, n: int, batch_size: int, generator: torch.Generator) -> list[torch.Tensor]:
+    """One pass over the atoms: n // batch_size index sets of shape (k, batch_size), each atom's rows drawn
+    without replacement from its own permutation (DaDiL Alg. 2 samples every atom independently)."""
+    perms = torch.stack([torch.randperm(n, generator=generator) for _ in range(k)])
+    return [perms[:, i * batch_size:(i + 1) * batch_size] for i in range(max(n // batch_size, 1))]
+
+
+def data_minibatch(count: int, batch_size: int, generator: torch.Generator) -> torch.Tensor:
+    """A random mini-batch of a domain's samples (all of them when it has fewer than batch_size)."""
+    return torch.randperm(count, generator=generator)[:batch_size]
+
+
+def gather_atoms(atoms_x: torch.Tensor, atoms_logits: torch.Tensor, idx: torch.Tensor):
+    """Rows ``idx[k]`` of every atom k: the atom mini-batch one loss is computed on (differentiable)."""
+    rows = torch.arange(atoms_x.shape[0])[:, None]
+    return atoms_x[rows, idx], atoms_logits[rows, idx]
+
+
+def make_optimizer(p: DictionaryParams, momentum: float, atoms: list, alphas: list) -> torch.optim.Optimizer:
+    """SGD with the common ``method.momentum`` (default 0.9, PyDiL's example) or Adam, one lr per group."""
+    groups = [{"params": atoms, "lr": p.lr_atoms}, {"params": alphas, "lr": p.lr_alpha}]
+    if p.optimizer == "adam":
+        return torch.optim.Adam(groups)
+    return torch.optim.SGD(groups, momentum=momentum)
+
+
+def step_touched(optimizer: torch.optim.Optimizer, atoms: list, touched: torch.Tensor) -> None:
+    """An optimizer step that changes only the atom rows ``touched`` (mask of shape (K, n)): momentum or
+    Adam state would otherwise move rows that no loss of this step sampled."""
+    before = [a.detach().clone() for a in atoms]
+    optimizer.step()
+    with torch.no_grad():
+        for atom, old in zip(atoms, before):
+            atom[~touched] = old[~touched]
 
 
 def label_weight(p: DictionaryParams, xa: torch.Tensor, xb: torch.Tensor) -> float:
@@ -147,25 +174,27 @@ def project_alpha(alpha: torch.Tensor) -> None:
         alpha.copy_(project_simplex(alpha))
 
 
-def atom_drift(versions: list[tuple[np.ndarray, np.ndarray]], p: DictionaryParams) -> float:
-    """Dispersion of the clients' atom versions before aggregation.
+def _atoms_distance(a, b, p: DictionaryParams) -> float:
+    """Mean over atoms k of W_c(P_k^a, P_k^b) under the joint cost (features, softmax labels)."""
+    xa, la = (torch.as_tensor(np.asarray(t)) for t in a)
+    xb, lb = (torch.as_tensor(np.asarray(t)) for t in b)
+    total = 0.0
+    for k in range(xa.shape[0]):
+        beta = label_weight(p, xa[k], xb[k])
+        total += float(wasserstein_distance(xa[k], xb[k], torch.softmax(la[k], -1), torch.softmax(lb[k], -1), beta=beta))
+    return total / xa.shape[0]
 
-    Mean over client pairs (i, j) and atoms k of W_c(P_k^(i), P_k^(j)) under the
-    joint cost; 0 when every client returned the same atoms.
-    """
-    if len(versions) < 2:
-        return 0.0
-    total, count = 0.0, 0
-    for i in range(len(versions)):
-        for j in range(i + 1, len(versions)):
-            xi, li = (torch.tensor(np.asarray(a)) for a in versions[i])
-            xj, lj = (torch.tensor(np.asarray(a)) for a in versions[j])
-            for k in range(xi.shape[0]):
-                yi, yj = torch.softmax(li[k], -1), torch.softmax(lj[k], -1)
-                beta = label_weight(p, xi[k], xj[k])
-                total += float(wasserstein_distance(xi[k], xj[k], yi, yj, beta=beta, solver="emd"))
-                count += 1
-    return total / count
+
+def atom_drift(versions: list, start, p: DictionaryParams) -> float:
+    """Drift from the round's start: mean over clients i and atoms k of W_c(P_k^(i), P_k^global), the
+    global atoms the round began with. 0 when no client moved them."""
+    return float(np.mean([_atoms_distance(v, start, p) for v in versions])) if versions else 0.0
+
+
+def atom_dispersion(versions: list, p: DictionaryParams) -> float:
+    """Pairwise dispersion of the client versions: mean over pairs (i, j) and atoms k of W_c(P_k^(i), P_k^(j))."""
+    pairs = [(i, j) for i in range(len(versions)) for j in range(i + 1, len(versions))]
+    return float(np.mean([_atoms_distance(versions[i], versions[j], p) for i, j in pairs])) if pairs else 0.0
 
 
 def fit_classifier(x: torch.Tensor, y_soft: torch.Tensor, p: DictionaryParams, seed: int) -> nn.Module:
