@@ -106,3 +106,26 @@ def test_comprehensive_indicator():
 def test_bad_input_raises(truth, dets, message):
     with pytest.raises(ValueError, match=message):
         coco_map(truth, dets, 3)
+
+
+def test_a_u_merges_the_server_records_with_every_clients_test_records():
+    """u_i = mAP(M_i on S, M_j on T_j for every client j); A_u_own keeps mAP(M_i on S u T_i)."""
+    from fedsim.methods.common.detection_eval import DetectionRoles, Family, family_scores
+
+    rng = np.random.default_rng(3)
+    roles = DetectionRoles("server", 0, (1, 2), ())
+    sets = {label: random_set(rng, 6) for label in ("S@1", "S@2", "S", "T1", "T2")}
+    records = {key: match_records(*value, 3) for key, value in sets.items()}
+    lookup = {(0, "g"): records["S"], (1, "g"): records["T1"], (2, "g"): records["T2"],
+              (0, "m@1"): records["S@1"], (0, "m@2"): records["S@2"], (1, "m"): records["T1"], (2, "m"): records["T2"]}
+    get = lambda cid, label: lookup[(cid, label)]  # noqa: E731
+    glob = family_scores(Family("g", False, (), lambda c: ()), get, roles, 3, 0.3)
+    union = [x for key in ("S", "T1", "T2") for x in sets[key][0]], [x for key in ("S", "T1", "T2") for x in sets[key][1]]
+    assert glob["A_u"] == pytest.approx(coco_map(*union, 3)["mAP"], abs=1e-12)  # a global model: the pooled set exactly
+    per = family_scores(Family("m", True, (), lambda c: ()), get, roles, 3, 0.3)
+    for cid in (1, 2):
+        expected = accumulate([records[f"S@{cid}"], records["T1"], records["T2"]], 3)["mAP"]
+        assert per["clients"][str(cid)]["u"] == pytest.approx(expected, abs=1e-12)
+        assert per["clients"][str(cid)]["uo"] == pytest.approx(accumulate([records[f"S@{cid}"], records[f"T{cid}"]], 3)["mAP"], abs=1e-12)
+    assert per["A_u"] == pytest.approx(np.mean([per["clients"][c]["u"] for c in ("1", "2")]))
+    assert per["A_u_own"] == pytest.approx(np.mean([per["clients"][c]["uo"] for c in ("1", "2")]))
