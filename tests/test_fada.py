@@ -20,7 +20,7 @@ from fedsim.losses.fada import (
     reconstruction_loss,
 )
 from fedsim.messages import Instruction
-from fedsim.methods.common.attention import apply_deltas, gap_statistic, softmax
+from fedsim.methods.common.attention import apply_deltas, dynamic_attention, gap_statistic, softmax
 from fedsim.methods.common.batches import batch_steps
 from fedsim.methods.fada import FADA
 from fedsim.models.fada_parts import preserved_buffers
@@ -34,7 +34,8 @@ FAST = [
     "method.name=fada", "method.target_batch=48", "method.gap_samples=48", "method.gap_references=2",
     "method.adversarial_steps=3", "method.disentangle_steps=3",
 ]
-ALL_STAGES = ["fit", "features", "adversarial", "align", "disentangle", "update"]
+ADVERSARIAL = ["features", "adversarial", "align"] * 3  # method.adversarial_steps=3 alternations
+ALL_STAGES = ["fit", *ADVERSARIAL, "disentangle", "update"]
 
 
 class LabelGuard:
@@ -85,16 +86,22 @@ def model_three(toy_overrides):
 def test_model_three_runs_every_stage_and_reports_its_metrics(model_three):
     config, federation, executor, server, history = model_three
     assert executor.operations() == (ALL_STAGES + ["evaluate"]) * 2
-    # each stage's seed is derived from (seed, round, client, operation), except align's: the inputs of features
+    # each stage's seed is derived from (seed, round, client, operation); features' and align's also from the
+    # step (align's is the inputs of that step's features: fresh target features for each G_t update)
     tid = federation.target_ids[0]
-    for rnd, (features, align) in enumerate(zip(instructions(executor, "features"), instructions(executor, "align")), start=1):
-        seed = derive_seed(config.run.seed, rnd, tid, "features")
-        assert features[tid].config["seed"] == align[tid].config["seed"] == seed and align[tid].config["round"] == rnd
+    pairs = list(zip(instructions(executor, "features"), instructions(executor, "align")))
+    assert len(pairs) == 6
+    for i, (features, align) in enumerate(pairs):
+        rnd, step = 1 + i // 3, 1 + i % 3
+        seed = derive_seed(derive_seed(config.run.seed, rnd, tid, "features"), step)
+        assert features[tid].config["seed"] == align[tid].config["seed"] == seed
+        assert align[tid].config["round"] == rnd and align[tid].config["step"] == step
     for rnd, update in enumerate(instructions(executor, "update"), start=1):
         assert update[tid].config == {"seed": derive_seed(config.run.seed, rnd, tid, "update"), "round": rnd, "sources": federation.source_ids}
     # only the last source stage of a round sends the deltas
     for operation, last in (("fit", False), ("adversarial", False), ("disentangle", True)):
-        assert [ins.config["send_delta"] for call in instructions(executor, operation) for ins in call.values()] == [last] * 4
+        calls = instructions(executor, operation)
+        assert [ins.config["send_delta"] for call in calls for ins in call.values()] == [last] * 2 * len(calls)
     sources = {federation.info(c).domain for c in federation.source_ids}
     for metrics in history:
         assert set(metrics["attention"]) == sources and math.isclose(sum(metrics["attention"].values()), 1.0, abs_tol=1e-9)
@@ -118,11 +125,11 @@ def test_model_three_runs_every_stage_and_reports_its_metrics(model_three):
 
 @pytest.mark.parametrize(
     "switch, removed",
-    [("attention", []), ("adversarial", ["features", "adversarial", "align"]), ("disentangle", ["disentangle"])],
+    [("attention", []), ("adversarial", ADVERSARIAL), ("disentangle", ["disentangle"])],
 )
 def test_each_switch_removes_its_stage(toy_overrides, switch, removed):
     _, federation, executor, _, history = run_rounds(toy_overrides, f"method.{switch}=false", rounds=1)
-    assert executor.operations() == [op for op in ALL_STAGES if op not in removed] + ["evaluate"]
+    assert executor.operations() == [op for op in ALL_STAGES if op not in set(removed)] + ["evaluate"]
     weights = list(history[0]["attention"].values())
     assert math.isclose(sum(weights), 1.0, abs_tol=1e-9)
     if switch == "attention":
@@ -195,9 +202,78 @@ def test_fada_refuses_several_target_clients_and_bad_params(toy_overrides):
         FADA.check_setting(config, federation)  # before anything is written
     with pytest.raises(UserError, match="clients-per-domain 1"):
         FADA(config, federation)
-    for bad in ("method.gap_references=0", "method.lambda_mi=-1", "method.mine_rate=0", "method.schedule=linear", "method.target_batch=1"):
+    for bad in ("method.gap_references=0", "method.lambda_mi=-1", "method.mine_rate=0", "method.schedule=linear", "method.target_batch=1",
+                "method.gap_form=gap", "method.adversarial_steps=0"):
         with pytest.raises(UserError, match=bad.split("=")[0]):
             load_config(None, toy_overrides + ["method.name=fada", bad])
+
+
+def after_fit(toy_overrides, *extra):
+    """A server after its setup and the first round's ``fit``: (federation, method, host, round-1 context)."""
+    config = load_config(None, toy_overrides + FAST + list(extra))
+    federation = build_federation(config.data)
+    executor = RecordingExecutor(config, federation)
+    server = Server(config, federation, executor)
+    server.setup(1)
+    ctx = server.context(1)
+    ctx.call("fit", server.state["weights"], federation.source_ids, {"send_delta": False})
+    return federation, server.method, executor.host, ctx
+
+
+def encoder_weights(host, cid):
+    return [p.detach().clone() for p in host.private_state(cid)["net"].encoder.parameters()]
+
+
+def changed(before, after):
+    return any(not torch.equal(a, b) for a, b in zip(before, after))
+
+
+def test_one_adversarial_stage_moves_the_target_and_the_source_generators(toy_overrides):
+    federation, method, host, ctx = after_fit(toy_overrides)
+    tid, sources = federation.target_ids[0], federation.source_ids
+    before = {cid: encoder_weights(host, cid) for cid in [tid, *sources]}
+    metrics = {}
+    method.adversarial_stage(ctx, sources, False, metrics)
+    assert all(changed(before[cid], encoder_weights(host, cid)) for cid in [tid, *sources])  # G_t and every G_i
+    assert metrics["target_feature_grad_norm"] > 0 and set(metrics["domain_identifier_accuracy"]) == {method.labels[c] for c in sources}
+    assert "align_optimizer" not in host.private_state(tid) and all("alignment" not in host.private_state(c) for c in sources)
+
+
+@pytest.mark.parametrize("train_generator", [True, False])
+def test_disentanglement_trains_the_source_generator_unless_switched_off(toy_overrides, train_generator):
+    federation, method, host, ctx = after_fit(toy_overrides, f"method.disentangle_generator={str(train_generator).lower()}")
+    sources = federation.source_ids
+    before = {cid: encoder_weights(host, cid) for cid in sources}
+    buffers = {cid: [b.clone() for b in host.private_state(cid)["net"].buffers()] for cid in sources}
+    invariant = {cid: host.private_state(cid)["net"].invariant[0].weight.detach().clone() for cid in sources}
+    ctx.call("disentangle", None, sources, {"send_delta": False})
+    for cid in sources:
+        net = host.private_state(cid)["net"]
+        assert changed(before[cid], encoder_weights(host, cid)) == train_generator
+        assert not torch.equal(invariant[cid], net.invariant[0].weight)  # D_inv trains either way
+        if not train_generator:
+            assert not changed(buffers[cid], list(net.buffers()))
+
+
+def test_attention_is_the_softmax_of_the_relative_dispersion_drops():
+    """Four far-apart clusters whose spread is the weight s: I(s) = s^2 I(1), so a delta to s' gains 1 - s'^2."""
+    rng = np.random.default_rng(0)
+    centers = 100.0 * np.eye(4)[np.arange(80) % 4]
+    pool = np.concatenate([centers, rng.normal(size=(80, 4))], axis=1)
+    encode = lambda weights, x: x[:, :4] + float(weights["s"]) * x[:, 4:]  # noqa: E731
+    deltas = [{"s": np.array(-0.5)}, {"s": np.array(0.0)}, {"s": np.array(0.5)}]
+    weights, before, gains = dynamic_attention(encode, {"s": np.array(1.0)}, deltas, pool, 80, 4, 2, 1.0, seed=3)
+    noise = pool[:, 4:]
+    by_definition = 0.0  # I = sum_r D_r / (2 n_r), D_r the sum of the pairwise squared distances in cluster r
+    for r in range(4):
+        members = noise[np.arange(80) % 4 == r]
+        by_definition += ((members[:, None] - members[None]) ** 2).sum() / (2 * len(members))
+    assert math.isclose(before, by_definition, rel_tol=1e-9)
+    np.testing.assert_allclose(gains, [0.75, 0.0, -1.25], atol=1e-9)
+    np.testing.assert_allclose(weights, softmax(np.array([0.75, 0.0, -1.25])), rtol=1e-9)
+    gap_weights, _, gap_gains = dynamic_attention(encode, {"s": np.array(1.0)}, deltas, pool, 80, 4, 2, 1.0, seed=3, form="tibshirani")
+    np.testing.assert_allclose(gap_weights, softmax(np.array(gap_gains)), rtol=1e-9)
+    assert gap_gains[0] > 0 > gap_gains[2]  # tighter clusters: a larger gap
 
 
 @pytest.mark.parametrize("overrides", [["run.clients_per_round=1"]])

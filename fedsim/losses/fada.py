@@ -111,28 +111,29 @@ class MINELoss(nn.Module):
 class AdversarialAlignment:
     """Eq. 3 on a source's batches: DI_i learns source (1) vs target (0) features, then G_i confuses it.
 
-    ``net`` is the source's model (G_i = ``features``, D_inv = ``invariant``, C_i = ``head``), ``target``
-    the received target features, of which each batch draws as many as it has rows (``generator``).
-    G_i's step keeps the classification loss of the same batch: cross-entropy + weight * confusion (Alg. 1
-    alternates a classification and an alignment step on each batch; as a stage of its own, pure
-    confusion steps erased the classifier: on digits, source accuracy fell to chance).
-    :meth:`target_gradient` is d(weight * confusion)/d(target features): the direction G_t follows.
-    Puts ``net`` and ``identifier`` in training mode.
+    ``net`` is the source's model (G_i = ``features``, D_inv = ``invariant``, C_i = ``head``). Each
+    :meth:`step` gets the target features of that step (FADA sends fresh ones for every alternation), of
+    which the batch draws as many as it has rows (``generator``). G_i's step keeps the classification loss
+    of the same batch: cross-entropy + weight * confusion (Alg. 1 trains G_i and C_i by cross-entropy
+    through training; pure confusion steps erased the classifier: on digits, source accuracy fell to
+    chance). :meth:`target_gradient` is d(weight * confusion)/d(target features): the direction G_t
+    follows. The optimizers live as long as the object (one round). Puts ``net`` and ``identifier`` in
+    training mode.
     """
 
     def __init__(self, net: nn.Module, identifier: nn.Module, identifier_optimizer: torch.optim.Optimizer,
-                 generator_optimizer: torch.optim.Optimizer, target: torch.Tensor, generator: torch.Generator):
-        self.net, self.identifier, self.target, self.generator = net, identifier, target, generator
+                 generator_optimizer: torch.optim.Optimizer):
+        self.net, self.identifier = net, identifier
         self.identifier_optimizer, self.generator_optimizer = identifier_optimizer, generator_optimizer
         self.accuracies: list[float] = []
         self.confusions: list[float] = []
+
+    def step(self, inputs: torch.Tensor, labels: torch.Tensor, weight: float, target: torch.Tensor, generator: torch.Generator) -> None:
+        net, identifier = self.net, self.identifier
         net.train()
         identifier.train()
-
-    def step(self, inputs: torch.Tensor, labels: torch.Tensor, weight: float) -> None:
-        net, identifier = self.net, self.identifier
         source = net.features(inputs)
-        picked = self.target[torch.randperm(len(self.target), generator=self.generator)[: len(inputs)]]
+        picked = target[torch.randperm(len(target), generator=generator)[: len(inputs)]]
         source_logits, target_logits = identifier(source.detach()), identifier(picked)
         self.identifier_optimizer.zero_grad(set_to_none=True)
         domain_identifier_loss(source_logits, target_logits).backward()
@@ -147,9 +148,9 @@ class AdversarialAlignment:
         identifier.requires_grad_(True)
         self.confusions.append(float(confusion.detach()))
 
-    def target_gradient(self, weight: float) -> tuple[torch.Tensor, float]:
+    def target_gradient(self, weight: float, target: torch.Tensor) -> tuple[torch.Tensor, float]:
         """(d(weight * confusion)/d(target features), the confusion loss of the target features)."""
-        features = self.target.clone().requires_grad_(True)
+        features = target.clone().requires_grad_(True)
         confusion = domain_confusion_loss(self.identifier(features))
         (gradient,) = torch.autograd.grad(weight * confusion, features)
         return gradient, float(confusion.detach())
@@ -163,13 +164,17 @@ class AdversarialAlignment:
 
 
 class Disentanglement:
-    """The updates of Sec. 3.3 (Eq. 4-7) on the batches of a source, its generator G_i fixed.
+    """The updates of Sec. 3.3 (Eq. 4-7) on the batches of a source.
+
+    With ``train_generator`` (the paper: the disentangler is trained end to end with G_i), Eq. 4 and
+    Eq. 6-7 also update G_i: its features are recomputed for each update, so each backward pass goes
+    through G_i once; without it, G_i is fixed (features under ``no_grad``; the earlier variant).
 
     ``net`` has the invariant branch D_inv and the classifier C; ``parts`` the specific branch D_spec,
     the class identifier CI, the reconstructor R and the MINE statistics network T
     (:class:`fedsim.models.fada_parts.SourceParts`). One optimizer per update, from ``make_optimizer``
-    (a list of parameters -> optimizer): ``classify`` (D_inv, C, D_spec, CI), ``entropy`` (D_spec),
-    ``disentangle`` (D_inv, D_spec, R); T has its own ``statistics_optimizer`` (Adam, kept across rounds:
+    (a list of parameters -> optimizer): ``classify`` (D_inv, C, D_spec, CI; + G_i), ``entropy`` (D_spec),
+    ``disentangle`` (D_inv, D_spec, R; + G_i); T has its own ``statistics_optimizer`` (Adam, kept across rounds:
     SGD at the task's rate made T diverge). D_i minimizes the positive part of the MI estimate: mutual
     information is never negative, and a D_i that pushes a fixed T's bound below zero only exploits T
     (on digits the estimate ran to -9, then the weights to NaN). Puts ``net`` and ``parts`` in training mode.
@@ -178,15 +183,18 @@ class Disentanglement:
     METRICS = ("mine_estimate", "class_identifier_accuracy", "class_identifier_entropy", "reconstruction_loss")
 
     def __init__(self, net: nn.Module, parts: nn.Module, mine: MINELoss, statistics_optimizer: torch.optim.Optimizer,
-                 make_optimizer: Callable[[list], torch.optim.Optimizer], lambda_entropy: float, lambda_mi: float, lambda_recon: float):
-        self.net, self.parts, self.mine = net, parts, mine
+                 make_optimizer: Callable[[list], torch.optim.Optimizer], lambda_entropy: float, lambda_mi: float, lambda_recon: float,
+                 train_generator: bool = True):
+        self.net, self.parts, self.mine, self.train_generator = net, parts, mine, train_generator
         self.lambda_entropy, self.lambda_mi, self.lambda_recon = lambda_entropy, lambda_mi, lambda_recon
+        generator = list(net.encoder.parameters()) if train_generator else []
         self.optimizers = {
-            "classify": make_optimizer([*net.invariant.parameters(), *net.head.parameters(), *parts.specific.parameters(),
+            "classify": make_optimizer([*generator, *net.invariant.parameters(), *net.head.parameters(), *parts.specific.parameters(),
                                         *parts.class_identifier.parameters()]),
             "entropy": make_optimizer(list(parts.specific.parameters())),
             "statistics": statistics_optimizer,
-            "disentangle": make_optimizer([*net.invariant.parameters(), *parts.specific.parameters(), *parts.reconstructor.parameters()]),
+            "disentangle": make_optimizer([*generator, *net.invariant.parameters(), *parts.specific.parameters(),
+                                           *parts.reconstructor.parameters()]),
         }
         self.sums = dict.fromkeys(self.METRICS, 0.0)
         self.batches = 0
@@ -199,23 +207,31 @@ class Disentanglement:
         loss.backward()
         self.optimizers[name].step()
 
+    def generate(self, inputs: torch.Tensor, fixed: bool = False) -> torch.Tensor:
+        """G_i(inputs), through which the backward pass reaches G_i unless it is fixed."""
+        if self.train_generator and not fixed:
+            return self.net.features(inputs)
+        with torch.no_grad():
+            return self.net.features(inputs)
+
     def step(self, inputs: torch.Tensor, labels: torch.Tensor, generator: torch.Generator) -> None:
         """One batch; ``generator`` draws the shuffle that pairs invariant with other specific parts (the marginals)."""
         net, parts = self.net, self.parts
-        with torch.no_grad():
-            generated = net.features(inputs)
+        generated = self.generate(inputs)
         # Eq. 4: C_i on the invariant part and CI_i on the specific part learn the labels
         ci_logits = parts.class_identifier(parts.specific(generated))
         self.update("classify", F.cross_entropy(net.head(net.invariant(generated)), labels) + F.cross_entropy(ci_logits, labels))
         # Eq. 5: the specific branch makes CI_i maximally uncertain
+        generated = self.generate(inputs, fixed=True) if self.train_generator else generated  # after G_i's step
         ci_logits = parts.class_identifier(parts.specific(generated))
         self.update("entropy", -self.lambda_entropy * entropy(ci_logits))
         # Eq. 6: T maximizes the bias-corrected MINE bound on I(f_di; f_ds)
+        generated = self.generate(inputs) if self.train_generator else generated
         invariant, specific = net.invariant(generated), parts.specific(generated)
         permutation = torch.randperm(len(inputs), generator=generator).to(inputs.device)
         joint, marginal = parts.mine_scores(invariant.detach(), specific.detach(), permutation)
         self.update("statistics", -self.mine.surrogate(joint, marginal))
-        # Eq. 6-7: D_i minimizes the MI estimate; R_i rebuilds G_i(x) from both parts
+        # Eq. 6-7: D_i (and G_i) minimize the MI estimate; R_i rebuilds G_i(x) from both parts
         parts.statistics.requires_grad_(False)
         joint, marginal = parts.mine_scores(invariant, specific, permutation)
         estimate = mine_lower_bound(joint, marginal)

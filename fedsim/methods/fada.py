@@ -6,23 +6,24 @@ stages of Alg. 1 in its order, each one ``ctx.call``; the switches ``attention``
 ``disentangle`` give the paper's models I (attention), II (I + adversarial), III (II + disentangle):
 
 1. ``fit`` (sources): from the target model w_t, ``local_epochs`` of cross-entropy on G_i -> D_inv -> C_i.
-2. Adversarial alignment (Sec. 3.2, Eq. 3): ``features`` (target): G_t's features of ``target_batch``
-   seeded unlabeled inputs; ``adversarial`` (sources): the private domain identifier DI_i learns source
-   vs target, G_i learns to confuse it, and the gradient of the confusion w.r.t. the target features
-   goes back; ``align`` (target): one SGD step of G_t along their mean. Only features and gradients travel.
-3. ``disentangle`` (Sec. 3.3, Eq. 4-7; sources, G_i fixed): D_i splits G_i's features into f_di
-   (classified by C_i) and f_ds (a class identifier at maximal entropy, minimal mutual information with
-   f_di by MINE, and f_di and f_ds rebuild G_i(x)).
-4. ``update`` (target, Sec. 3.1): the deltas Delta_i = w_i - w_t of the sources' last stage; attention
-   a_i = softmax(gap-statistic gain of Delta_i on the target's invariant features / temperature)
-   (uniform with ``attention`` off); w_t <- w_t + sum_i a_i Delta_i goes to the server, then the sources.
+2. Adversarial alignment (Sec. 3.2, Eq. 3), ``adversarial_steps`` alternations, each three exchanges:
+   ``features`` (target): G_t's features of ``target_batch`` fresh seeded unlabeled inputs;
+   ``adversarial`` (sources, one batch): the private domain identifier DI_i learns source vs target,
+   G_i learns to confuse it, and the gradient of the confusion w.r.t. the target features goes back;
+   ``align`` (target): one step of G_t along their mean. Only features and gradients travel.
+3. ``disentangle`` (Sec. 3.3, Eq. 4-7; sources): D_i splits G_i's features into f_di (classified by
+   C_i) and f_ds (a class identifier at maximal entropy, minimal mutual information with f_di by MINE,
+   and f_di and f_ds rebuild G_i(x)); back-propagated into G_i (``disentangle_generator``; off: G_i fixed).
+4. ``update`` (target, Sec. 3.1): attention a_i = softmax(gain of the sources' last-stage deltas Delta_i
+   = w_i - w_t on the target's invariant features / temperature), by ``gap_form`` (uniform with ``attention``
+   off: :mod:`fedsim.methods.common.attention`); w_t <- w_t + sum_i a_i Delta_i goes to the server.
 
-Each client evaluates its own model; ``target_accuracy`` is G_t/C_t's. The target's operations never
-read ``train.y``, and its batch-norm statistics change only through the sources' deltas (its
-training-mode passes restore them). Measured choices and deviations: ``docs/fada.md``.
+Each client evaluates its own model; ``target_accuracy`` is G_t/C_t's. The target never reads
+``train.y``; its batch-norm statistics change only through the sources' deltas. Deviations: ``docs/fada.md``.
 """
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,25 +38,27 @@ from fedsim.messages import Instruction, Reply
 from fedsim.methods.base import Method, Replies, ServerState, client_operation
 from fedsim.methods.common.alignment import TARGET_FEATURES, encode_subset
 from fedsim.methods.common.attention import apply_deltas, dynamic_attention
-from fedsim.methods.common.batches import labeled_batches
+from fedsim.methods.common.batches import labeled_batch, labeled_batches
 from fedsim.methods.common.training import encode_in_chunks, evaluate_model, load_numpy, make_optimizer, model_to_numpy, train_epochs
 from fedsim.models import build_model
-from fedsim.models.fada_parts import FADANet, SourceParts, build_fada_net, feature_width, follow_feature_gradient, preserved_buffers
+from fedsim.models.fada_parts import FADANet, SourceParts, align_generator, build_fada_net, feature_width, preserved_buffers
 from fedsim.registry import METHODS
-from fedsim.seeding import derive_seed, numpy_rng
+from fedsim.seeding import derive_seed
 
 DELTA, FEATURE_GRAD = "delta:", "feature_grad"  # a source's reply tensors: its model delta (a prefix), its feature gradient
 
 
 @dataclass(frozen=True)
 class FADAParams:
-    attention: bool = True  # dynamic attention from gap-statistic gains; off: uniform weights
+    attention: bool = True  # dynamic attention from clustering gains; off: uniform weights
+    gap_form: str = "dispersion"  # the gain: "dispersion" (the paper's I = sum_r D_r / 2 n_r, relative drop) or "tibshirani"
+    disentangle_generator: bool = True  # Eq. 4-7 train G_i too (the paper); false: G_i fixed in that stage
     adversarial: bool = True  # federated adversarial alignment stage
     disentangle: bool = True  # representation disentanglement stage
     lambda_adv: float = 0.1  # weight of the confusion loss on G_i and G_t (times the schedule)
     schedule: str = "dann"  # "dann": lambda_adv * (2 / (1 + exp(-10 p)) - 1) over training progress p; "constant"
-    target_batch: int = 256  # target features sent per round for the adversarial stage
-    adversarial_steps: int = 0  # mini-batches per round of the adversarial stage (0: one pass over the local data)
+    target_batch: int = 32  # target features sent per alternation (a rule: one source batch's worth, batch_size 32)
+    adversarial_steps: int = 10  # D / G_i / G_t alternations per round (not in the paper: a cost rule)
     disentangle_steps: int = 0  # mini-batches per round of the disentanglement stage (0: one pass)
     identifier_hidden: int = 256  # units per hidden layer of the domain identifier (2 layers)
     parts_hidden: int = 128  # hidden units of the class identifier and the MINE statistics network
@@ -73,24 +76,24 @@ class FADAParams:
         for name in ("target_batch", "gap_samples"):
             if getattr(self, name) < 2:
                 raise UserError(f"method.{name} must be 2 or more, got {getattr(self, name)}")
-        for name in ("identifier_hidden", "parts_hidden", "gap_references", "attention_temperature", "mine_lr"):
+        for name in ("identifier_hidden", "parts_hidden", "gap_references", "attention_temperature", "mine_lr", "adversarial_steps"):
             if not getattr(self, name) > 0:
                 raise UserError(f"method.{name} must be positive, got {getattr(self, name)}")
-        for name in ("lambda_adv", "lambda_entropy", "lambda_mi", "lambda_recon", "adversarial_steps", "disentangle_steps", "gap_clusters"):
+        for name in ("lambda_adv", "lambda_entropy", "lambda_mi", "lambda_recon", "disentangle_steps", "gap_clusters"):
             if getattr(self, name) < 0:
                 raise UserError(f"method.{name} must be 0 or more, got {getattr(self, name)}")
-        if self.schedule not in ("dann", "constant"):
-            raise UserError(f"method.schedule must be 'dann' or 'constant', got {self.schedule!r}")
+        for name, allowed in (("gap_form", ("dispersion", "tibshirani")), ("schedule", ("dann", "constant"))):
+            if getattr(self, name) not in allowed:
+                raise UserError(f"method.{name} must be one of {allowed}, got {getattr(self, name)!r}")
         if not 0 < self.mine_rate <= 1:
             raise UserError(f"method.mine_rate must be in (0, 1], got {self.mine_rate}")
-
 
 @METHODS.register("fada")
 class FADA(Method):
     """FADA: per-client models, dynamic attention, federated adversarial alignment, disentanglement (Peng et al. 2020)."""
 
     Params = FADAParams
-    transient_state_keys = ()  # every client keeps its own model: nothing is a shared cache
+    transient_state_keys = ("alignment", "align_optimizer")  # the adversarial stage's optimizers, within a round
     disclosed_state_keys = ("net",)  # each client's model is sent on purpose: w_t by the target, w_i - w_t by a source
 
     def __init__(self, config, federation, device: str = "cpu"):
@@ -102,8 +105,7 @@ class FADA(Method):
 
     @classmethod
     def check_setting(cls, config, federation) -> None:
-        if len(federation.target_ids) != 1:
-            count = len(federation.target_ids)
+        if (count := len(federation.target_ids)) != 1:
             raise UserError(f"fada trains one target model on one target client, but the target domain has {count} clients: pass --clients-per-domain 1")
 
     def build_net(self) -> FADANet:
@@ -113,8 +115,7 @@ class FADA(Method):
 
     def adversarial_weight(self, progress: float) -> float:
         """lambda of the confusion loss at training progress ``progress`` in [0, 1] (Ganin et al., JMLR 2016, Sec. 5.2.2 ramp)."""
-        scale = dann_schedule(progress) if self.params.schedule == "dann" else 1.0
-        return self.params.lambda_adv * scale
+        return self.params.lambda_adv * (dann_schedule(progress) if self.params.schedule == "dann" else 1.0)
 
     # ---- server half ------------------------------------------------------
     def init_server(self) -> ServerState:
@@ -131,8 +132,7 @@ class FADA(Method):
             replies = self.adversarial_stage(ctx, sources, last == "adversarial", metrics)
         if p.disentangle:
             replies = ctx.call("disentangle", None, sources, {"send_delta": True})
-            for key in Disentanglement.METRICS:
-                metrics[key] = self.per_source(replies, key)
+            metrics.update({key: self.per_source(replies, key) for key in Disentanglement.METRICS})
             metrics["mean_mine_estimate"] = float(np.mean(list(metrics["mine_estimate"].values())))
         return {**state, "weights": self.attention_stage(ctx, sources, replies, metrics)}, metrics
 
@@ -140,17 +140,19 @@ class FADA(Method):
         return {self.labels[cid]: float(r.metrics[key]) for cid, r in replies.items() if key in r.metrics}
 
     def adversarial_stage(self, ctx, sources: list[int], send_delta: bool, metrics: dict) -> Replies:
-        """Sec. 3.2: the target's features go to the sources; the mean of their feature gradients moves G_t."""
-        tid = self.target_id
-        target = ctx.call("features", None, [tid])[tid]
-        payload = {TARGET_FEATURES: target.tensors["features"]}  # one dict for every source: serialized once
-        replies = ctx.call("adversarial", payload, sources, {"send_delta": send_delta})
-        gradients = {str(cid): r.tensors[FEATURE_GRAD] for cid, r in replies.items()}
-        aligned = ctx.call("align", gradients, [tid], {"seed": ctx.seed(tid, "features")})[tid]  # the features' inputs
+        """Sec. 3.2: per alternation, fresh target features go to the sources; their mean feature gradient moves G_t."""
+        tid, steps, norms = self.target_id, self.params.adversarial_steps, []
+        for step in range(1, steps + 1):
+            seed = derive_seed(ctx.seed(tid, "features"), step)  # the inputs of this step's features, for align
+            target = ctx.call("features", None, [tid], {"seed": seed})[tid]
+            payload = {TARGET_FEATURES: target.tensors["features"]}  # one dict for every source: serialized once
+            replies = ctx.call("adversarial", payload, sources, {"step": step, "send_delta": send_delta and step == steps})
+            gradients = {str(cid): r.tensors[FEATURE_GRAD] for cid, r in replies.items()}
+            norms.append(ctx.call("align", gradients, [tid], {"seed": seed, "step": step})[tid].metrics["feature_grad_norm"])
         for key in ("domain_identifier_accuracy", "confusion_loss", "target_confusion_loss"):
-            metrics[key] = self.per_source(replies, key)
+            metrics[key] = self.per_source(replies, key)  # the means over the round's steps (the last step's target loss)
         metrics["mean_domain_identifier_accuracy"] = float(np.mean(list(metrics["domain_identifier_accuracy"].values())))
-        metrics["target_feature_grad_norm"] = aligned.metrics["feature_grad_norm"]
+        metrics["target_feature_grad_norm"] = float(np.mean(norms))
         return replies
 
     def attention_stage(self, ctx, sources: list[int], replies: Replies, metrics: dict) -> dict:
@@ -159,7 +161,7 @@ class FADA(Method):
         deltas = {f"{cid}:{name[len(DELTA):]}": t for cid, r in replies.items() for name, t in r.tensors.items() if name.startswith(DELTA)}
         updated = ctx.call("update", deltas, [tid], {"sources": [int(c) for c in sources]})[tid]
         metrics["attention"] = {self.labels[cid]: updated.metrics[f"attention:{cid}"] for cid in sources}
-        if self.params.attention:
+        if self.params.attention:  # gap_statistic: the dispersion I or Tibshirani's Gap of w_t, by gap_form
             metrics["gap_statistic"] = updated.metrics["gap_statistic"]
             metrics["gap_gain"] = {self.labels[cid]: updated.metrics[f"gap_gain:{cid}"] for cid in sources}
         return dict(updated.tensors)
@@ -216,58 +218,57 @@ class FADA(Method):
 
     @client_operation
     def adversarial(self, instruction: Instruction, state: Any, data: ClientData) -> tuple[Reply, Any]:
-        """Source: DI_i learns source vs target features, then G_i confuses it (Eq. 3); returns d(confusion)/d(target features)."""
+        """Source, one alternation on one batch: DI_i learns source vs target features, then G_i confuses it
+        (Eq. 3); returns d(confusion)/d(target features). The optimizers live from step 1 to the last step."""
         self.require(data, "adversarial", target=False)
-        p, method, seed = self.params, self.config.method, instruction.config["seed"]
-        net, identifier = state["net"], state["parts"].domain_identifier
+        p, method, config = self.params, self.config.method, instruction.config
+        step, seed, net = config["step"], config["seed"], state["net"]
+        if step == 1:
+            identifier = state["parts"].domain_identifier
+            state["alignment"] = AdversarialAlignment(net, identifier, make_optimizer(identifier, method), make_optimizer(net, method))
+        alignment = state["alignment"]
         target = torch.tensor(np.asarray(instruction.tensors[TARGET_FEATURES]), device=self.device)  # a copy: read-only arrays
-        alignment = AdversarialAlignment(
-            net, identifier, make_optimizer(identifier, method), make_optimizer(net, method), target,
-            torch.Generator().manual_seed(derive_seed(seed, "target-batch")),
-        )
-        rnd, rounds = instruction.config["round"], self.config.run.rounds
-        steps = p.adversarial_steps or -(-len(data.train) // method.batch_size)
-        batches = labeled_batches(data.train, method.batch_size, p.adversarial_steps, torch.Generator().manual_seed(seed), self.device)
-        for step, (xb, yb) in enumerate(batches, start=1):
-            alignment.step(xb, yb, self.adversarial_weight((rnd - 1 + step / steps) / rounds))
-        gradient, target_confusion = alignment.target_gradient(self.adversarial_weight(rnd / rounds))
+        weight = self.adversarial_weight((config["round"] - 1 + step / p.adversarial_steps) / self.config.run.rounds)
+        batch = labeled_batch(data.train, method.batch_size, p.adversarial_steps, step - 1, torch.Generator().manual_seed(seed), self.device)
+        if batch is not None:
+            alignment.step(*batch, weight, target, torch.Generator().manual_seed(derive_seed(seed, step, "target-batch")))
+        gradient, target_confusion = alignment.target_gradient(weight, target)
         metrics = {**alignment.metrics(), "target_confusion_loss": target_confusion}
-        tensors = {FEATURE_GRAD: gradient.cpu().numpy().astype(np.float32)}
-        return self.source_reply(instruction, state, data, tensors, metrics), state
+        if step == p.adversarial_steps:
+            del state["alignment"]
+        return self.source_reply(instruction, state, data, {FEATURE_GRAD: gradient.cpu().numpy().astype(np.float32)}, metrics), state
 
     @client_operation
     def align(self, instruction: Instruction, state: Any, data: ClientData) -> tuple[Reply, Any]:
-        """Target: one SGD step of G_t along the sources' mean gradient of the confusion loss w.r.t. its features."""
+        """Target: one step of G_t along the sources' mean gradient of the confusion loss w.r.t. its features."""
         self.require(data, "align", target=True)
-        net, method, x = state["net"], self.config.method, data.train.x
-        ordered = [np.asarray(instruction.tensors[k]) for k in sorted(instruction.tensors, key=int)]
-        gradient = torch.stack([torch.tensor(g, device=self.device) for g in ordered]).mean(0)
-        count = min(self.params.target_batch, len(x))
-        index = np.sort(numpy_rng(instruction.config["seed"]).choice(len(x), size=count, replace=False))  # as encode_subset
-        if len(index) != len(gradient):
-            raise ValueError(f"align got gradients for {len(gradient)} target features, expected {len(index)}")
-        with preserved_buffers(net):  # the chunks of ``features``: the same batch statistics
-            follow_feature_gradient(net, x[index], gradient, make_optimizer(net.encoder, method), method.batch_size, self.device)
-        return Reply(data.client_id, {}, {"feature_grad_norm": float(gradient.norm())}, num_examples=len(index)), state
+        net, method, config = state["net"], self.config.method, instruction.config
+        if config["step"] == 1:
+            state["align_optimizer"] = make_optimizer(net.encoder, method)  # G_t's, kept through the round's steps
+        norm = align_generator(net, data.train.x, instruction.tensors, self.params.target_batch, config["seed"],
+                               state["align_optimizer"], method.batch_size, self.device)
+        if config["step"] == self.params.adversarial_steps:
+            del state["align_optimizer"]
+        return Reply(data.client_id, {}, {"feature_grad_norm": norm}, num_examples=len(data.train)), state
 
     @client_operation
     def disentangle(self, instruction: Instruction, state: Any, data: ClientData) -> tuple[Reply, Any]:
-        """Source: Eq. 4 (cross-entropy on both parts), Eq. 5 (entropy), Eq. 6 (MINE), Eq. 7 (reconstruction); G_i fixed."""
+        """Source: Eq. 4 (cross-entropy on both parts), Eq. 5 (entropy), Eq. 6 (MINE), Eq. 7 (reconstruction)."""
         self.require(data, "disentangle", target=False)
         p, method, net, parts = self.params, self.config.method, state["net"], state["parts"]
         objective = Disentanglement(
             net, parts, state["mine"], state["mine_optimizer"], lambda params: make_optimizer(params, method),
-            p.lambda_entropy, p.lambda_mi, p.lambda_recon,
+            p.lambda_entropy, p.lambda_mi, p.lambda_recon, p.disentangle_generator,
         )
         generator = torch.Generator().manual_seed(instruction.config["seed"])  # the batches and the MINE pairings
-        with preserved_buffers(net):
+        with contextlib.nullcontext() if p.disentangle_generator else preserved_buffers(net):  # a trained G_i: its statistics too
             for xb, yb in labeled_batches(data.train, method.batch_size, p.disentangle_steps, generator, self.device):
                 objective.step(xb, yb, generator)
         return self.source_reply(instruction, state, data, {}, objective.metrics()), state
 
     @client_operation
     def update(self, instruction: Instruction, state: Any, data: ClientData) -> tuple[Reply, Any]:
-        """Target: dynamic attention over the sources' deltas from gap-statistic gains, then w_t += sum_i a_i Delta_i."""
+        """Target: dynamic attention over the sources' deltas from clustering gains, then w_t += sum_i a_i Delta_i."""
         self.require(data, "update", target=True)
         p, net = self.params, state["net"]
         sources = [int(c) for c in instruction.config["sources"]]
@@ -275,10 +276,9 @@ class FADA(Method):
         deltas = [{name: np.asarray(instruction.tensors[f"{cid}:{name}"]) for name in current} for cid in sources]
         metrics: dict[str, float] = {}
         if p.attention:
-            k = p.gap_clusters or self.federation.num_classes
             weights, before, gains = dynamic_attention(
                 lambda w, inputs: self.invariant_features(net, w, inputs), current, deltas, data.train.x,
-                p.gap_samples, k, p.gap_references, p.attention_temperature, instruction.config["seed"],
+                p.gap_samples, p.gap_clusters or self.federation.num_classes, p.gap_references, p.attention_temperature, instruction.config["seed"], p.gap_form,
             )
             metrics.update({f"gap_gain:{cid}": gain for cid, gain in zip(sources, gains)}, gap_statistic=before)
         else:

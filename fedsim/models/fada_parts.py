@@ -16,7 +16,7 @@ features) and the domain identifier DI (source vs target features), the
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator
+from typing import Iterator, Mapping
 
 import numpy as np
 import torch
@@ -24,6 +24,7 @@ from torch import nn
 
 from fedsim.losses.dann import DomainDiscriminator
 from fedsim.models.classifier import Classifier
+from fedsim.seeding import numpy_rng
 
 
 def branch(in_features: int, out_features: int) -> nn.Sequential:
@@ -75,6 +76,23 @@ def follow_feature_gradient(
         part = net.features(torch.from_numpy(inputs[start : start + chunk]).to(device))
         (part * gradient[start : start + chunk]).sum().backward()
     optimizer.step()
+
+
+def align_generator(
+    net: FADANet, x: np.ndarray, gradients: Mapping[str, np.ndarray], count: int, seed: int, optimizer: torch.optim.Optimizer,
+    chunk: int, device: torch.device,
+) -> float:
+    """The target's G_t step: the mean of the sources' ``gradients`` (by client id) w.r.t. the features of the
+    ``count`` seeded rows of ``x`` (drawn as ``encode_subset`` draws them), followed with the batch statistics
+    of the features' pass (buffers restored). Returns the mean gradient's norm."""
+    ordered = [np.asarray(gradients[k]) for k in sorted(gradients, key=int)]
+    gradient = torch.stack([torch.tensor(g, device=device) for g in ordered]).mean(0)
+    index = np.sort(numpy_rng(seed).choice(len(x), size=min(count, len(x)), replace=False))
+    if len(index) != len(gradient):
+        raise ValueError(f"align got gradients for {len(gradient)} target features, expected {len(index)}")
+    with preserved_buffers(net):
+        follow_feature_gradient(net, x[index], gradient, optimizer, chunk, device)
+    return float(gradient.norm())
 
 
 def feature_width(encoder: nn.Module, input_shape: tuple[int, ...]) -> int:

@@ -1,11 +1,17 @@
 """Dynamic attention from gap-statistic gains (FADA: Peng, Huang, Zhu & Saenko, ICLR 2020, Sec. 3.1, Eq. 1-2).
 
-The target scores each source's model delta Delta_i by the gain in the gap
-statistic (Tibshirani, Walther & Hastie, J. R. Statist. Soc. B 2001) of k-means on
-its features: Gap(w_t + Delta_i) - Gap(w_t). The attention is the softmax of those
-gains, and the target moves to w_t + sum_i a_i Delta_i (:func:`apply_deltas`).
+The target scores each source's model delta Delta_i by how much better k-means clusters its features
+with w_t + Delta_i than with w_t; the attention is the softmax of those gains, and the target moves to
+w_t + sum_i a_i Delta_i (:func:`apply_deltas`). Two forms of the gain (``form``):
 
-Cost, with FADA's settings: ``gap_samples`` target inputs (eval mode), k = ``gap_clusters`` (0: the
+* ``dispersion`` (the paper's, Sec. 3.1): the within-cluster dispersion I = sum_r D_r / (2 n_r) of
+  k-means on the target features (D_r: the sum of pairwise squared distances in cluster r, so I is the
+  k-means inertia), gain_i = (I(w_t) - I(w_t + Delta_i)) / I(w_t): the relative drop, free of the
+  features' scale (the paper writes the drop itself; its features' scale is not ours).
+* ``tibshirani``: Gap(w_t + Delta_i) - Gap(w_t), Gap the gap statistic (Tibshirani, Walther & Hastie,
+  J. R. Statist. Soc. B 2001), log-scaled and normalized by uniform reference sets (below).
+
+Cost of ``tibshirani``, with FADA's settings: ``gap_samples`` target inputs (eval mode), k = ``gap_clusters`` (0: the
 number of classes), ``gap_references`` uniform reference sets drawn over the box aligned with the
 features' principal components (Tibshirani's method (b)), the same uniform draws for "before" and
 every "after" (common random numbers, so the gains do not carry reference noise), scikit-learn KMeans
@@ -24,15 +30,33 @@ from fedsim.seeding import numpy_rng
 Weights = Mapping[str, np.ndarray]
 
 
-def kmeans_log_inertia(points: np.ndarray, k: int, seed: int) -> float:
-    """log W_k: W_k = sum_r D_r / (2 n_r) is the k-means within-cluster sum of squares (Tibshirani et al. 2001, Eq. 2)."""
+def kmeans_inertia(points: np.ndarray, k: int, seed: int) -> float:
+    """W_k = sum_r D_r / (2 n_r), the k-means within-cluster sum of squares (Tibshirani et al. 2001, Eq. 2;
+    FADA's dispersion I), one k-means++ start with a seeded random_state."""
     from sklearn.cluster import KMeans
 
     k = max(1, min(int(k), len(points)))
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # fewer distinct points than clusters: inertia 0, floored below
-        inertia = KMeans(n_clusters=k, n_init=1, max_iter=100, random_state=seed % (1 << 31)).fit(points).inertia_
-    return float(np.log(max(inertia, 1e-12)))
+        warnings.simplefilter("ignore")  # fewer distinct points than clusters: inertia 0
+        return float(KMeans(n_clusters=k, n_init=1, max_iter=100, random_state=seed % (1 << 31)).fit(points).inertia_)
+
+
+def kmeans_log_inertia(points: np.ndarray, k: int, seed: int) -> float:
+    """log W_k, floored at log 1e-12."""
+    return float(np.log(max(kmeans_inertia(points, k, seed), 1e-12)))
+
+
+def dispersion(features: np.ndarray, k: int, seed: int) -> float:
+    """FADA's I = sum_r D_r / (2 n_r) of k-means with k clusters on ``features`` (one thread: the same sums everywhere)."""
+    from threadpoolctl import threadpool_limits
+
+    with threadpool_limits(1):
+        return kmeans_inertia(np.asarray(features, dtype=np.float64), k, seed)
+
+
+def dispersion_gain(before: float, after: float) -> float:
+    """The relative drop (I_before - I_after) / I_before (0 when I_before is 0)."""
+    return (before - after) / before if before > 0 else 0.0
 
 
 def gap_statistic(features: np.ndarray, k: int, uniform: np.ndarray, seed: int) -> float:
@@ -78,17 +102,24 @@ def apply_deltas(current: Weights, deltas: Sequence[Weights], weights: Sequence[
 
 def dynamic_attention(
     encode: Callable[[Weights, np.ndarray], np.ndarray], current: Weights, deltas: Sequence[Weights], pool: np.ndarray,
-    samples: int, k: int, references: int, temperature: float, seed: int,
+    samples: int, k: int, references: int, temperature: float, seed: int, form: str = "dispersion",
 ) -> tuple[np.ndarray, float, list[float]]:
-    """(attention a_i, Gap(current), gains Gap(current + delta_i) - Gap(current)); ``encode(weights, inputs)``
-    gives the features of a model on inputs.
+    """(attention a_i, the score of ``current``, gains); ``encode(weights, inputs)`` gives the features of a
+    model on inputs. ``form="dispersion"``: score I(current), gains the relative drops of I (the paper);
+    ``"tibshirani"``: score Gap(current), gains Gap(current + delta_i) - Gap(current).
 
-    The gaps use ``samples`` seeded rows of ``pool``, the same ``references`` uniform draws (common random
-    numbers, so the gains carry no reference noise) and the same k-means seed.
+    Every score uses the same ``samples`` seeded rows of ``pool`` and the same k-means seed; the gaps also
+    the same ``references`` uniform draws (common random numbers, so the gains carry no reference noise).
     """
+    if form not in ("dispersion", "tibshirani"):
+        raise ValueError(f"the attention gain is 'dispersion' or 'tibshirani', got {form!r}")
     rng = numpy_rng(seed)
     inputs = pool[np.sort(rng.choice(len(pool), size=min(samples, len(pool)), replace=False))]
     before_features = encode(current, inputs)
+    if form == "dispersion":
+        before = dispersion(before_features, k, seed)
+        gains = [dispersion_gain(before, dispersion(encode(apply_deltas(current, [d], [1.0]), inputs), k, seed)) for d in deltas]
+        return softmax(np.asarray(gains), temperature), before, gains
     uniform = rng.random((references, *before_features.shape))
     before = gap_statistic(before_features, k, uniform, seed)
     gains = [gap_statistic(encode(apply_deltas(current, [delta], [1.0]), inputs), k, uniform, seed) - before for delta in deltas]

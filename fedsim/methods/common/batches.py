@@ -6,7 +6,7 @@ batches run over consecutive shuffled epochs, the last one cut short.
 from __future__ import annotations
 
 import itertools
-from typing import Iterator
+from typing import Iterator, Optional
 
 import torch
 
@@ -31,3 +31,11 @@ def labeled_batches(
     x, y = torch.from_numpy(split.x), torch.from_numpy(split.y)
     for idx in batch_steps(len(x), batch_size, steps, generator):
         yield x[idx].to(device), y[idx].to(device)
+
+
+def labeled_batch(
+    split: ArraySplit, batch_size: int, steps: int, index: int, generator: torch.Generator, device: torch.device
+) -> Optional[tuple[torch.Tensor, torch.Tensor]]:
+    """The ``index``-th (0-based) batch of :func:`labeled_batches`, or None when that step is a skipped batch
+    of one: FADA's alternations take one source batch per exchange, all from one seeded sequence."""
+    return next(itertools.islice(labeled_batches(split, batch_size, steps, generator, device), index, None), None)
