@@ -1,0 +1,141 @@
+"""FedRep for classification (Collins, Hassani, Mokhtari, Shakkottai, ICML 2021, Alg. 1): shared representation, personal heads.
+
+Each labeled source client keeps its own linear head (the ``head.*`` tensors of
+the model) as private state; a local update first trains the head for
+``head_epochs`` epochs with the representation frozen, then the representation
+(every other tensor, batch-norm statistics included) for ``method.local_epochs``
+epochs with the head frozen (the paper's tau_h = 10 head epochs, then one
+representation epoch, Sec. 5). Only the representation goes back; the server
+averages it weighted by sample count, as FedAvg. Heads start from the global
+initialization's head.
+
+Target rule (ours, not the paper's: FedRep has no unlabeled client). The target
+has no head and no labels to train one. At evaluation only, each source sends its
+head (an evaluation-only exchange, ``share_head``: the head's parameters and its
+training-sample count, counted in bytes like any exchange) and the target predicts
+with the average of the sources' class probabilities softmax(head_k(phi(x))),
+weighted by sample count. What this discloses: each source's personal head and
+its number of training samples, to the server and the target, once per
+evaluation; heads never travel during training. Sources evaluate with their own
+head.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from fedsim.data.base import ClientData
+from fedsim.errors import UserError
+from fedsim.messages import Instruction, Reply
+from fedsim.methods.base import Method, ServerState, client_operation
+from fedsim.methods.common.classifier import GlobalClassifier
+from fedsim.methods.common.training import evaluate_model, load_numpy, make_optimizer, model_to_numpy, train_epochs, weighted_average
+from fedsim.registry import METHODS
+from fedsim.seeding import derive_seed
+
+HEAD = "head."  # state-dict prefix of the personal part
+
+
+def split_head(tensors: dict) -> tuple[dict, dict]:
+    """(representation tensors, head tensors)."""
+    return {k: v for k, v in tensors.items() if not k.startswith(HEAD)}, {k: v for k, v in tensors.items() if k.startswith(HEAD)}
+
+
+@METHODS.register("fedrep")
+class FedRep(Method):
+    """FedRep (Collins et al. 2021): averaged representation, personal heads; the target averages the sources' heads."""
+
+    @dataclass(frozen=True)
+    class Params:
+        head_epochs: int = 10  # head-only epochs before the representation's (Collins et al. 2021, Sec. 5: tau_h = 10)
+
+        def __post_init__(self):
+            if self.head_epochs < 0:
+                raise UserError(f"method.head_epochs must be 0 or more, got {self.head_epochs}")
+
+    disclosed_state_keys = ("head",)  # sent on purpose, in the evaluation-only exchange (see the module docstring)
+
+    def __init__(self, config, federation, device: str = "cpu"):
+        super().__init__(config, federation, device)
+        self.classifier = GlobalClassifier(config, federation, self.device)
+
+    # ---- server half ------------------------------------------------------
+    def init_server(self) -> ServerState:
+        return {"weights": split_head(self.classifier.initial_weights())[0]}
+
+    def run_round(self, ctx, state: ServerState) -> tuple[ServerState, dict]:
+        replies = ctx.call("fit", state["weights"], self.sample_clients(ctx.round, self.federation.source_ids))
+        weights = weighted_average([r.tensors for r in replies.values()], [r.num_examples for r in replies.values()])
+        return {**state, "weights": weights}, {"train_loss": {str(cid): r.metrics["train_loss"] for cid, r in replies.items()}}
+
+    def evaluate_round(self, ctx, state: ServerState) -> dict:
+        """Sources send their heads (evaluation only); sources test their own head, the target the weighted mixture."""
+        heads = ctx.call("share_head", None, self.federation.source_ids)
+        payload = dict(state["weights"])
+        for cid, reply in sorted(heads.items()):
+            payload.update({f"heads.{cid}.{key}": value for key, value in reply.tensors.items()})
+            payload[f"heads.{cid}.count"] = np.asarray(float(reply.num_examples))
+        replies = ctx.call("evaluate", payload, self.federation.client_ids)
+        return self.summarize_evaluation(ctx.round, replies)
+
+    # ---- client half ------------------------------------------------------
+    def init_client(self, data: ClientData) -> Any:
+        return {"model": self.classifier.shared(), "head": None}  # "head": numpy, None until the first fit
+
+    def own_head(self, state: dict) -> dict:
+        return state["head"] if state["head"] is not None else split_head(self.classifier.initial_weights())[1]
+
+    @client_operation
+    def fit(self, instruction: Instruction, state: Any, data: ClientData) -> tuple[Reply, Any]:
+        """tau_h head epochs (representation frozen), then the representation's epochs (head frozen); only phi goes back."""
+        model, method, seed = state["model"], self.config.method, instruction.config["seed"]
+        load_numpy(model, {**instruction.tensors, **self.own_head(state)})
+        loss = 0.0
+        for part, frozen, epochs, stage in ((model.head, model.encoder, self.params.head_epochs, 1), (model.encoder, model.head, method.local_epochs, 2)):
+            if epochs == 0:
+                continue
+            frozen.requires_grad_(False)
+            try:
+                optimizer = make_optimizer(part.parameters(), method)
+                loss = train_epochs(model, data.train, epochs, method.batch_size, optimizer, derive_seed(seed, stage), self.device)
+            finally:
+                frozen.requires_grad_(True)
+        body, state["head"] = split_head(model_to_numpy(model))
+        return Reply(data.client_id, body, {"train_loss": loss}, num_examples=len(data.train)), state
+
+    @client_operation
+    def share_head(self, instruction: Instruction, state: Any, data: ClientData) -> tuple[Reply, Any]:
+        """Evaluation-only: this source's head and its training-sample count (the weight of its vote)."""
+        return Reply(data.client_id, dict(self.own_head(state)), {}, num_examples=len(data.train)), state
+
+    @client_operation
+    def evaluate(self, instruction: Instruction, state: Any, data: ClientData) -> tuple[Reply, Any]:
+        body = {k: v for k, v in instruction.tensors.items() if not k.startswith("heads.")}
+        model = state["model"]
+        if not data.is_target:
+            load_numpy(model, {**body, **self.own_head(state)})
+            return Reply(data.client_id, {}, evaluate_model(model, data.test, self.device), num_examples=len(data.test)), state
+        return Reply(data.client_id, {}, self.mixture_metrics(model, body, instruction.tensors, data), num_examples=len(data.test)), state
+
+    @torch.no_grad()
+    def mixture_metrics(self, model: nn.Module, body: dict, tensors: dict, data: ClientData) -> dict[str, float]:
+        """Accuracy and NLL of sum_k n_k softmax(head_k(phi(x))) / sum_k n_k on the target's test split."""
+        sources = sorted({int(k.split(".")[1]) for k in tensors if k.startswith("heads.")})
+        if not sources:
+            raise ValueError("the target needs the sources' heads to predict (the share_head exchange)")
+        counts = np.asarray([float(tensors[f"heads.{cid}.count"]) for cid in sources])
+        x, y = torch.from_numpy(data.test.x), torch.from_numpy(data.test.y)
+        probabilities = torch.zeros(len(x), self.federation.num_classes, dtype=torch.float64)
+        for cid, weight in zip(sources, counts / counts.sum()):
+            prefix = f"heads.{cid}."
+            load_numpy(model, {**body, **{k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix) and k != prefix + "count"}})
+            model.eval()
+            logits = torch.cat([model(x[i : i + 512].to(self.device)).cpu() for i in range(0, len(x), 512)])
+            probabilities += weight * torch.softmax(logits.double(), dim=1)
+        correct = float((probabilities.argmax(1) == y).sum())
+        loss = float(-torch.log(probabilities[torch.arange(len(y)), y].clamp_min(1e-12)).sum())
+        return {"correct": correct, "total": float(len(y)), "loss_sum": loss}
