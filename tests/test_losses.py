@@ -120,3 +120,12 @@ def test_weighted_objective_of_distance_losses():
         assert isinstance(loss, DomainLoss)
         term, value = loss.objective(source, target, 0.5)
         assert float(term.detach()) == pytest.approx(0.5 * float(value.detach()))
+
+
+def test_dann_lr_factor_is_ganins_annealing():
+    from fedsim.losses.domain import dann_lr_factor
+
+    assert dann_lr_factor(0.0) == 1.0
+    assert dann_lr_factor(1.0) == pytest.approx(1 / 11 ** 0.75)
+    assert dann_lr_factor(0.3) == pytest.approx(1 / (1 + 10 * 0.3) ** 0.75)
+    assert dann_lr_factor(2.0) == dann_lr_factor(1.0) and dann_lr_factor(-1.0) == 1.0  # progress clipped to [0, 1]
