@@ -80,22 +80,28 @@ def labeled_barycenter(atoms_x, atoms_y, alpha: torch.Tensor, n_support=None, n_
     if n_iter < 1:
         raise ValueError(f"n_iter must be >= 1, got {n_iter}")
     xb, yb = _initial_support(atoms_x, atoms_y, n_support, init)
-    n_b = xb.shape[0]
     labeled = atoms_y is not None
-    for _ in range(n_iter):
-        new_x, new_y = 0.0, 0.0
-        for k, xk in enumerate(atoms_x):
-            yk = atoms_y[k] if labeled else None
-            cost = joint_cost(xb, xk.detach(), yb, yk.detach() if labeled else None, beta)
-            plan = n_b * transport_plan(cost, solver=solver, reg=reg)  # row-stochastic
-            new_x = new_x + alpha[k] * (plan @ xk)
-            if labeled:
-                new_y = new_y + alpha[k] * (plan @ yk)
-        shift = torch.sum((new_x.detach() - xb) ** 2)
-        if labeled:
-            shift = shift + torch.sum((new_y.detach() - yb) ** 2)
-        xb_out, yb_out = new_x, (new_y if labeled else None)
-        xb, yb = new_x.detach(), (new_y.detach() if labeled else None)
-        if float(shift) < tol:
-            break
-    return xb_out, yb_out
+    plans = None
+    with torch.no_grad():  # the fixed-point iterations: plans only, no autograd graph
+        for _ in range(n_iter):
+            plans = _plans(xb, yb, atoms_x, atoms_y, beta, solver, reg)
+            new_x, new_y = _apply(plans, atoms_x, atoms_y, alpha)
+            shift = torch.sum((new_x - xb) ** 2) + (torch.sum((new_y - yb) ** 2) if labeled else 0.0)
+            xb, yb = new_x, new_y
+            if float(shift) < tol:
+                break
+    return _apply(plans, atoms_x, atoms_y, alpha)  # the last update again, differentiable in atoms and alpha
+
+
+def _plans(xb, yb, atoms_x, atoms_y, beta, solver, reg) -> list:
+    """Row-stochastic plans n_B * pi_k between the current support and every atom (detached)."""
+    n_b = xb.shape[0]
+    return [n_b * transport_plan(joint_cost(xb, xk.detach(), yb, None if atoms_y is None else atoms_y[k].detach(), beta),
+                                 solver=solver, reg=reg) for k, xk in enumerate(atoms_x)]
+
+
+def _apply(plans, atoms_x, atoms_y, alpha):
+    """X_B = sum_k alpha_k P_k X_k (and Y_B likewise when labeled)."""
+    new_x = sum(alpha[k] * (plan @ xk) for k, (plan, xk) in enumerate(zip(plans, atoms_x)))
+    new_y = None if atoms_y is None else sum(alpha[k] * (plan @ yk) for k, (plan, yk) in enumerate(zip(plans, atoms_y)))
+    return new_x, new_y
