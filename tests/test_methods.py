@@ -182,7 +182,7 @@ def test_fedavg_target_client_only_evaluates(toy_overrides):
 
 def test_only_declared_centralized_methods_upload_data():
     declared = sorted(name for name in METHODS.names() if METHODS.get(name).centralized)
-    assert declared == ["centralized", "dadil"]
+    assert declared == ["centralized", "dadil", "dann", "mmd"]
 
 
 def test_clients_per_round_samples_deterministically(toy_overrides):
