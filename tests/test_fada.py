@@ -274,6 +274,11 @@ def test_attention_is_the_softmax_of_the_relative_dispersion_drops():
     gap_weights, _, gap_gains = dynamic_attention(encode, {"s": np.array(1.0)}, deltas, pool, 80, 4, 2, 1.0, seed=3, form="tibshirani")
     np.testing.assert_allclose(gap_weights, softmax(np.array(gap_gains)), rtol=1e-9)
     assert gap_gains[0] > 0 > gap_gains[2]  # tighter clusters: a larger gap
+    share_weights, share, share_gains = dynamic_attention(encode, {"s": np.array(1.0)}, deltas, pool, 80, 4, 2, 1.0, seed=3, form="share")
+    scatter = lambda f: ((f - f.mean(0)) ** 2).sum()  # noqa: E731
+    assert math.isclose(share, before / scatter(encode({"s": 1.0}, pool)), rel_tol=1e-9)
+    np.testing.assert_allclose(share_weights, softmax(np.array(share_gains)), rtol=1e-9)
+    assert share_gains[0] > 0 > share_gains[2] and max(abs(g) for g in share_gains) < 1
 
 
 @pytest.mark.parametrize("overrides", [["run.clients_per_round=1"]])

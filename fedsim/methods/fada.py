@@ -37,7 +37,7 @@ from fedsim.losses.fada import AdversarialAlignment, Disentanglement, MINELoss
 from fedsim.messages import Instruction, Reply
 from fedsim.methods.base import Method, Replies, ServerState, client_operation
 from fedsim.methods.common.alignment import TARGET_FEATURES, encode_subset
-from fedsim.methods.common.attention import apply_deltas, dynamic_attention
+from fedsim.methods.common.attention import GAIN_FORMS, apply_deltas, dynamic_attention
 from fedsim.methods.common.batches import labeled_batch, labeled_batches
 from fedsim.methods.common.training import encode_in_chunks, evaluate_model, load_numpy, make_optimizer, model_to_numpy, train_epochs
 from fedsim.models import build_model
@@ -51,7 +51,7 @@ DELTA, FEATURE_GRAD = "delta:", "feature_grad"  # a source's reply tensors: its 
 @dataclass(frozen=True)
 class FADAParams:
     attention: bool = True  # dynamic attention from clustering gains; off: uniform weights
-    gap_form: str = "dispersion"  # the gain: "dispersion" (the paper's I = sum_r D_r / 2 n_r, relative drop) or "tibshirani"
+    gap_form: str = "dispersion"  # the gain: "dispersion" (the paper's I = sum_r D_r / 2 n_r, relative drop), "share", "tibshirani"
     disentangle_generator: bool = True  # Eq. 4-7 train G_i too (the paper); false: G_i fixed in that stage
     adversarial: bool = True  # federated adversarial alignment stage
     disentangle: bool = True  # representation disentanglement stage
@@ -82,7 +82,7 @@ class FADAParams:
         for name in ("lambda_adv", "lambda_entropy", "lambda_mi", "lambda_recon", "disentangle_steps", "gap_clusters"):
             if getattr(self, name) < 0:
                 raise UserError(f"method.{name} must be 0 or more, got {getattr(self, name)}")
-        for name, allowed in (("gap_form", ("dispersion", "tibshirani")), ("schedule", ("dann", "constant"))):
+        for name, allowed in (("gap_form", GAIN_FORMS), ("schedule", ("dann", "constant"))):
             if getattr(self, name) not in allowed:
                 raise UserError(f"method.{name} must be one of {allowed}, got {getattr(self, name)!r}")
         if not 0 < self.mine_rate <= 1:

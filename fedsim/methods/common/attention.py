@@ -8,6 +8,10 @@ w_t + sum_i a_i Delta_i (:func:`apply_deltas`). Two forms of the gain (``form``)
   k-means on the target features (D_r: the sum of pairwise squared distances in cluster r, so I is the
   k-means inertia), gain_i = (I(w_t) - I(w_t + Delta_i)) / I(w_t): the relative drop, free of the
   features' scale (the paper writes the drop itself; its features' scale is not ours).
+* ``share``: the dispersion as a share of the features' total scatter, I / sum_i ||x_i - mean||^2 (in
+  [0, 1], free of each model's own scale), gain_i = share(w_t) - share(w_t + Delta_i). Not the paper's:
+  with ``dispersion`` a delta that enlarges the features (as training from the initial weights does)
+  loses by orders of magnitude (measured: gains of -1335 vs -50, attention one-hot; docs/fada.md).
 * ``tibshirani``: Gap(w_t + Delta_i) - Gap(w_t), Gap the gap statistic (Tibshirani, Walther & Hastie,
   J. R. Statist. Soc. B 2001), log-scaled and normalized by uniform reference sets (below).
 
@@ -28,6 +32,7 @@ import numpy as np
 from fedsim.seeding import numpy_rng
 
 Weights = Mapping[str, np.ndarray]
+GAIN_FORMS = ("dispersion", "share", "tibshirani")
 
 
 def kmeans_inertia(points: np.ndarray, k: int, seed: int) -> float:
@@ -52,6 +57,13 @@ def dispersion(features: np.ndarray, k: int, seed: int) -> float:
 
     with threadpool_limits(1):
         return kmeans_inertia(np.asarray(features, dtype=np.float64), k, seed)
+
+
+def dispersion_share(features: np.ndarray, k: int, seed: int) -> float:
+    """I / the total scatter sum_i ||x_i - mean||^2 (0 when the features do not vary)."""
+    points = np.asarray(features, dtype=np.float64)
+    total = float(((points - points.mean(0)) ** 2).sum())
+    return dispersion(points, k, seed) / total if total > 0 else 0.0
 
 
 def dispersion_gain(before: float, after: float) -> float:
@@ -106,19 +118,23 @@ def dynamic_attention(
 ) -> tuple[np.ndarray, float, list[float]]:
     """(attention a_i, the score of ``current``, gains); ``encode(weights, inputs)`` gives the features of a
     model on inputs. ``form="dispersion"``: score I(current), gains the relative drops of I (the paper);
-    ``"tibshirani"``: score Gap(current), gains Gap(current + delta_i) - Gap(current).
+    ``"share"``: score I(current) / its total scatter, gains its drops; ``"tibshirani"``: score Gap(current), gains Gap(current + delta_i) - Gap(current).
 
     Every score uses the same ``samples`` seeded rows of ``pool`` and the same k-means seed; the gaps also
     the same ``references`` uniform draws (common random numbers, so the gains carry no reference noise).
     """
-    if form not in ("dispersion", "tibshirani"):
-        raise ValueError(f"the attention gain is 'dispersion' or 'tibshirani', got {form!r}")
+    if form not in GAIN_FORMS:
+        raise ValueError(f"the attention gain is one of {GAIN_FORMS}, got {form!r}")
     rng = numpy_rng(seed)
     inputs = pool[np.sort(rng.choice(len(pool), size=min(samples, len(pool)), replace=False))]
     before_features = encode(current, inputs)
     if form == "dispersion":
         before = dispersion(before_features, k, seed)
         gains = [dispersion_gain(before, dispersion(encode(apply_deltas(current, [d], [1.0]), inputs), k, seed)) for d in deltas]
+        return softmax(np.asarray(gains), temperature), before, gains
+    if form == "share":
+        before = dispersion_share(before_features, k, seed)
+        gains = [before - dispersion_share(encode(apply_deltas(current, [d], [1.0]), inputs), k, seed) for d in deltas]
         return softmax(np.asarray(gains), temperature), before, gains
     uniform = rng.random((references, *before_features.shape))
     before = gap_statistic(before_features, k, uniform, seed)
