@@ -77,6 +77,11 @@ def main() -> None:
             spent["seconds"], spent["calls"], spent["drift"] = 0.0, 0, 0.0
 
     run_experiment(config, callbacks=[Ledger()])
+    report(args, per_round)
+
+
+def report(args, per_round: list) -> None:
+    """The per-round table and the dictionary rounds' POT and drift shares."""
     print(f"FedDaDiL POT share, {args.benchmark} -> {args.target}, {machine()}")
     print(f"{'round':>5s} {'stage':>10s} {'round s':>8s} {'POT s':>7s} {'calls':>6s} {'share':>6s} {'drift s':>8s}")
     for rnd, stage, seconds, pot, calls, drift in per_round:
