@@ -107,9 +107,11 @@ def test_atom_drift_is_zero_for_identical_versions():
 def test_client_optimizer_state_persists_across_rounds(toy_overrides):
     server, executor, federation = _server(toy_overrides + SMALL)
     server.run_round(1, evaluate=False)
+    server.run_round(2, evaluate=False)
     for cid in federation.client_ids:
+        assert executor.host.private_state(cid)["optimizer"]["state"][0]["step"] == 4  # 2 steps a round (40 // 20), two rounds: kept across rounds
         buffers = executor.host.private_state(cid)["optimizer"]["state"]
-        assert buffers and all("momentum_buffer" in b for b in buffers.values())
+        assert buffers and all("exp_avg" in b for b in buffers.values())  # Adam's moments (the default optimizer)
 
 
 def test_dadil_follows_alg2_per_domain_atom_batches(toy_overrides, monkeypatch):

@@ -9,8 +9,8 @@ its loss, the losses are summed, and the optimizer updates the atom rows some
 domain's loss touched (rows no domain sampled stay as they are, momentum
 included). A round is E epochs of n // n_b steps, as many steps as one
 FedDaDiL client makes; the optimizer state persists across rounds in the
-server state. Defaults as FedDaDiL (the authors' PyDiL example: SGD lr 1e-2,
-momentum 0.9, n = 500, n_b = 200).
+server state. Defaults as FedDaDiL (``DictionaryParams``: PyDiL's n = 500, n_b = 200;
+Adam 0.3 by the rule on the sources' DiL loss written there).
 
 To keep the comparison exact, it runs on the same simulator: in the first
 dictionary round every client uploads its (standardized, encoded) training
