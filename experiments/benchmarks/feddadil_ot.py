@@ -43,22 +43,10 @@ def main() -> None:
 
     spent = {"seconds": 0.0, "calls": 0, "drift": 0.0}
 
-    def timed(function):
-        @functools.wraps(function)
-        def wrapper(*a, **k):
-            started = time.perf_counter()
-            try:
-                return function(*a, **k)
-            finally:
-                spent["seconds"] += time.perf_counter() - started
-                spent["calls"] += 1
-
-        return wrapper
-
     for name in ("emd", "sinkhorn", "dist"):
-        setattr(wasserstein.ot, name, timed(getattr(ot, name)))
+        setattr(wasserstein.ot, name, timed(getattr(ot, name), spent, "seconds", "calls"))
     for name in ("atom_drift", "atom_dispersion"):
-        setattr(dictionary, name, timed_drift(getattr(dictionary, name), spent))
+        setattr(dictionary, name, timed(getattr(dictionary, name), spent, "drift"))
     config = load_config(
         None,
         [f"data.benchmark={args.benchmark}", f"data.target={args.target}", "method.name=feddadil", f"run.rounds={args.rounds}",
@@ -95,15 +83,17 @@ def report(args, per_round: list) -> None:
         print(f"of which the drift metrics (atom_drift, atom_dispersion; their POT calls included): {100 * drift:.1f} % of the time")
 
 
-def timed_drift(function, spent: dict):
-    """``function`` with its wall time added to ``spent['drift']``."""
+def timed(function, spent: dict, seconds_key: str, calls_key: str = ""):
+    """``function`` with its wall time added to ``spent[seconds_key]`` (and its calls counted in ``spent[calls_key]``)."""
     @functools.wraps(function)
     def wrapper(*a, **k):
         started = time.perf_counter()
         try:
             return function(*a, **k)
         finally:
-            spent["drift"] += time.perf_counter() - started
+            spent[seconds_key] += time.perf_counter() - started
+            if calls_key:
+                spent[calls_key] += 1
 
     return wrapper
 

@@ -31,7 +31,7 @@ from fedsim.data.base import ClientData
 from fedsim.messages import Instruction, Reply
 from fedsim.methods.base import ServerState, client_operation
 from fedsim.methods.common import dictionary as dil
-from fedsim.methods.common.encoder_stage import DictionaryMethod, EncoderStage
+from fedsim.methods.common.encoder_stage import DictionaryMethod
 from fedsim.registry import METHODS
 from fedsim.seeding import numpy_rng
 
@@ -41,16 +41,6 @@ class FedDaDiL(DictionaryMethod):
     """FedDaDiL (Castellon, Montesuma et al. 2024): clients learn a shared dictionary of labeled atoms, alpha stays private."""
 
     Params = dil.DictionaryParams
-
-    def __init__(self, config, federation, device: str = "cpu"):
-        super().__init__(config, federation, device)
-        self.num_atoms = dil.num_atoms(self.params, len(federation.domains))
-        self.encoder = EncoderStage(config, federation, self.device, self.params.encoder_rounds)
-
-    @classmethod
-    def check_setting(cls, config, federation) -> None:
-        dil.check_batch_size(config.method.params, config.method.batch_size)
-        EncoderStage.check_setting(config.method.params.encoder_rounds, federation)
 
     # ---- server half ------------------------------------------------------
     def init_server(self) -> ServerState:

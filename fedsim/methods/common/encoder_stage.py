@@ -22,6 +22,7 @@ from fedsim.data.normalization import FeatureStats, combine_stats, feature_stats
 from fedsim.errors import UserError
 from fedsim.messages import Instruction, Reply, Tensors
 from fedsim.methods.base import Method, ServerState, client_operation
+from fedsim.methods.common.dictionary import atom_tensors, check_batch_size, num_atoms
 from fedsim.methods.common.training import encode_in_chunks, load_numpy
 from fedsim.methods.fedavg import FedAvg
 
@@ -127,9 +128,17 @@ class DictionaryMethod(Method):
 
     encoder: EncoderStage
 
-    def global_tensors(self, state: ServerState) -> dict:
-        from fedsim.methods.common.dictionary import atom_tensors
+    def __init__(self, config, federation, device: str = "cpu"):
+        super().__init__(config, federation, device)
+        self.num_atoms = num_atoms(self.params, len(federation.domains))
+        self.encoder = EncoderStage(config, federation, self.device, self.params.encoder_rounds)
 
+    @classmethod
+    def check_setting(cls, config, federation) -> None:
+        check_batch_size(config.method.params, config.method.batch_size)
+        EncoderStage.check_setting(config.method.params.encoder_rounds, federation)
+
+    def global_tensors(self, state: ServerState) -> dict:
         return {**atom_tensors(state), **state.get("weights", {})}
 
     @client_operation
