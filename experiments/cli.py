@@ -120,7 +120,7 @@ RESUME_COMPATIBLE = {"resume", "backend", "address", "quiet", "command"}
 
 
 def cmd_run(args) -> int:
-    from experiments.run import run_experiment
+    from fedsim.api import run_experiment
 
     if args.resume:
         from fedsim.config import load_config

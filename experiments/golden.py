@@ -107,7 +107,7 @@ def clean(value):
 
 
 def record_case(case: str, backend: str, work: Path) -> dict:
-    from experiments.run import run_experiment
+    from fedsim.api import run_experiment
     from fedsim.config import load_config
 
     config = load_config(None, overrides_for(case, work, backend))

@@ -119,7 +119,7 @@ def run_trial(params: dict, spec_json: str = "", sweep_dir: str = "") -> None:
     ``tune.get_context().get_trial_dir()`` is a scratch directory of the Ray session)."""
     from ray import tune
 
-    from experiments.run import run_experiment
+    from fedsim.api import run_experiment
     from fedsim.runtime.simulator import default_callbacks
 
     context = tune.get_context()

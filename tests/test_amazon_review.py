@@ -6,7 +6,7 @@ import pytest
 import scipy.io
 import scipy.sparse
 
-from experiments.run import run_experiment
+from fedsim.api import run_experiment
 from fedsim.config import DataConfig, load_config
 from fedsim.data.benchmarks.amazon_review import DOMAINS, AmazonReviewBenchmark
 from fedsim.data.benchmarks.office_caltech import DOMAINS as OC_DOMAINS

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from conftest import assert_same_results, write_image_domains
-from experiments.run import run_experiment
+from fedsim.api import run_experiment
 from fedsim.config import load_config
 
 

@@ -4,7 +4,7 @@ import pickle
 import numpy as np
 import torch
 
-from experiments.run import run_experiment
+from fedsim.api import run_experiment
 from fedsim.config import load_config
 from fedsim.data.base import ArraySplit
 from fedsim.data.scenario import build_federation, load_client_data

@@ -2,7 +2,7 @@
 import json
 import pytest
 
-from experiments.run import run_experiment
+from fedsim.api import run_experiment
 from fedsim.config import load_config
 from fedsim.errors import UserError
 from fedsim.runtime.checkpoint import CHECKPOINT_FILE, load_checkpoint

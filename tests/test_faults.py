@@ -1,7 +1,7 @@
 """Client actors that die mid-round are recreated and their work redone: same results as no failure."""
 import json
 
-from experiments.run import run_experiment
+from fedsim.api import run_experiment
 from fedsim.config import load_config
 
 

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from experiments.run import run_experiment
+from fedsim.api import run_experiment
 from fedsim.config import load_config
 from fedsim.data.scenario import build_federation, load_client_data
 from fedsim.errors import UserError

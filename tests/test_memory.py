@@ -2,7 +2,7 @@
 import psutil
 
 from experiments.benchmarks.measure import plasma_mib
-from experiments.run import run_experiment
+from fedsim.api import run_experiment
 from fedsim.config import load_config
 from fedsim.runtime.callbacks import Callback
 

@@ -15,7 +15,7 @@ def test_the_method_example_is_short_and_runs(toy_overrides, tmp_path):
     code = _example("method")
     assert len(code.strip().splitlines()) < 40
     exec(compile(code, "README:method", "exec"), {})
-    from experiments.run import run_experiment
+    from fedsim.api import run_experiment
     from fedsim.config import load_config
     from fedsim.registry import METHODS
 

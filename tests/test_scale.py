@@ -3,7 +3,7 @@ import json
 
 from conftest import write_toy_domains
 
-from experiments.run import run_experiment
+from fedsim.api import run_experiment
 from fedsim.config import load_config
 
 

@@ -35,7 +35,7 @@ def main() -> None:
 
     import ot
 
-    from experiments.run import run_experiment
+    from fedsim.api import run_experiment
     from fedsim.config import load_config
     from fedsim.ot import wasserstein  # the module whose POT calls are timed
 

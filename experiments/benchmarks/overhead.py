@@ -120,7 +120,7 @@ def floor(config) -> tuple[float, float, dict]:
 
 def run_way(way: str, root: str, cache: str) -> dict:
     """Run one way in this (fresh) process; return its figures."""
-    from experiments.run import run_experiment
+    from fedsim.api import run_experiment
     from fedsim.config import load_config
 
     if way == "floor":

@@ -38,7 +38,7 @@ def write_features(root: str, seed: int = 0) -> None:
 
 
 def run_size(overrides: list[str], label: str) -> None:
-    from experiments.run import run_experiment
+    from fedsim.api import run_experiment
     from fedsim.config import load_config
 
     config = load_config(None, overrides)
@@ -58,7 +58,7 @@ def run_size(overrides: list[str], label: str) -> None:
 
 def run_flatness(overrides: list[str], rounds: int) -> None:
     """Driver RSS, all-process RSS and object-store use after round 10 vs at the end (issue target: < 5 % growth)."""
-    from experiments.run import run_experiment
+    from fedsim.api import run_experiment
     from fedsim.config import load_config
     from fedsim.runtime.callbacks import Callback
 
