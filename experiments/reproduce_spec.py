@@ -3,7 +3,8 @@
 A spec names the runs (a shipped config + overrides), the benchmarks and target domains they run on,
 the seeds, the rows of the table (a run and the metrics read from its summary: several rows may read
 one run, e.g. FedDaDiL's R and E predictors), the paper's claims as orderings of rows on a metric,
-per-round series to plot, and a ``quick`` section that shrinks the grid to a smoke test.
+per-round series to plot, and a ``quick`` section that shrinks the grid to a smoke test (its ``benchmarks``
+appends settings to one benchmark's ``set`` / ``run_set``, e.g. fewer encoder rounds on images only).
 Every trial is one run x benchmark x target x seed; :func:`to_sweep` turns the grid into the
 :class:`experiments.sweep_grid.SweepSpec` that `fedsim sweep`'s machinery runs as Ray Tune trials.
 The format is documented in ``docs/cluster.md`` ("Reproducing a paper").
@@ -30,7 +31,7 @@ KEYS = {
     "row": {"name", "label", "run", "metrics", "vars"},
     "claim": {"claim", "order", "metric", "strict", "benchmark", "target", "per_target"},
     "series": {"metric", "title", "runs", "benchmark", "target", "split"},
-    "quick": {"seeds", "targets", "set", "run_set", "runs"},
+    "quick": {"seeds", "targets", "set", "run_set", "runs", "benchmarks"},
 }
 REQUIRED = {"spec": ("paper", "benchmarks", "runs", "rows"), "row": ("name",), "claim": ("claim", "order"),
             "series": ("metric", "runs")}
@@ -192,6 +193,22 @@ def load_spec(paper: Optional[str], spec_file: Optional[str]) -> PaperSpec:
     return PaperSpec(path.stem, raw, path.resolve().parent)
 
 
+def _quick_benchmark(spec: PaperSpec, bench: str, extra: Any, old: Optional[dict]) -> dict:
+    """``quick.benchmarks.<bench>``: its ``set`` and ``run_set`` lists appended after the benchmark's own
+    (later settings win), its ``targets`` replacing the benchmark's; the other benchmarks are untouched."""
+    where = f"spec {spec.name}: quick.benchmarks.{bench}"
+    spec._known("benchmark", [bench], spec.benchmarks, f"spec {spec.name}: quick.benchmarks")
+    extra, old = _check_keys("benchmark", dict(extra or {}), where), dict(old or {})
+    spec._known("run", list(extra.get("run_set") or {}), spec.runs, f"{where}.run_set")
+    run_set = {run: list(items) for run, items in (old.get("run_set") or {}).items()}
+    for run, items in (extra.get("run_set") or {}).items():
+        run_set[run] = run_set.get(run, []) + _strings(items, f"{where}.run_set.{run}")
+    merged = {**old, "set": list(old.get("set", [])) + _strings(extra.get("set", []), f"{where}.set"), "run_set": run_set}
+    if "targets" in extra:
+        merged["targets"] = _strings(extra["targets"], f"{where}.targets")
+    return merged
+
+
 def shrink(spec: PaperSpec, quick: bool, seeds: Optional[list[int]]) -> PaperSpec:
     """The grid that runs: ``--quick`` applies the spec's quick section, ``--seeds`` replaces the seeds."""
     raw = copy.deepcopy(spec.raw)
@@ -202,6 +219,8 @@ def shrink(spec: PaperSpec, quick: bool, seeds: Optional[list[int]]) -> PaperSpe
         for bench, targets in (small.get("targets") or {}).items():
             spec._known("benchmark", [bench], spec.benchmarks, f"spec {spec.name}: quick.targets")
             raw["benchmarks"][bench] = {**(raw["benchmarks"][bench] or {}), "targets": list(targets)}
+        for bench, extra in (small.get("benchmarks") or {}).items():
+            raw["benchmarks"][bench] = _quick_benchmark(spec, bench, extra, raw["benchmarks"][bench])
         for run, extra in (small.get("run_set") or {}).items():
             spec._known("run", [run], spec.runs, f"spec {spec.name}: quick.run_set")
             raw["runs"][run] = {**raw["runs"][run], "set": list(raw["runs"][run].get("set", [])) + _strings(extra, f"quick.run_set.{run}")}

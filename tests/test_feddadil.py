@@ -144,15 +144,20 @@ def test_dadil_follows_alg2_per_domain_atom_batches(toy_overrides, monkeypatch):
         assert not torch.equal(before[0][touched], after[0][touched])
 
 
-def test_bad_parameters(toy_overrides, image_overrides):
+def test_bad_parameters(toy_overrides, image_overrides, caplog):
     for override, message in (("method.aggregation=median", "random"), ("method.solver=lp", "sinkhorn"), ("method.samples_per_atom=0", "positive")):
         with pytest.raises(UserError, match=message):
             load_config(None, toy_overrides + SMALL + [override])
     for overrides, message in ((toy_overrides + SMALL + ["method.batch_size=500"], "cannot exceed"),
-                               (image_overrides + SMALL + ["method.encoder_rounds=0"], "needs an encoder")):
+                               (image_overrides + SMALL + ["method.encoder_rounds=0"], "needs an encoder"),
+                               (toy_overrides + SMALL + ["method.encoder_rounds=2"], "vector inputs have no encoder")):
         config = load_config(None, overrides)
         with pytest.raises(UserError, match=message):
             FedDaDiL.check_setting(config, build_federation(config.data))
+    config = load_config(None, image_overrides + SMALL + ["method.encoder_rounds=3", "run.rounds=3"])
+    with caplog.at_level("WARNING"):
+        FedDaDiL.check_setting(config, build_federation(config.data))  # allowed, but said: no dictionary is learned
+    assert "no dictionary is learned" in caplog.text
 
 
 def test_encoder_stage_then_standardized_features(image_overrides):
@@ -200,3 +205,16 @@ def test_local_and_ray_agree(toy_overrides, ray_cluster, tmp_path):
     assert results[0].summary["target_accuracy"] == results[1].summary["target_accuracy"]
     for name, value in results[0].global_tensors.items():
         np.testing.assert_allclose(value, results[1].global_tensors[name], rtol=1e-6, atol=1e-7)
+
+
+def test_reproduce_grids_reach_the_dictionary_stage():
+    """`fedsim reproduce feddadil [--quick]`: on digits the encoder rounds end before the last round (the quick grid
+    once ran 3 rounds with 5 encoder rounds: no dictionary at all); TEP keeps the automatic setting (no encoder)."""
+    from experiments.reproduce_spec import load_spec, shrink, to_sweep
+
+    for quick, digits_encoder_rounds in ((False, 5), (True, 1)):
+        sweep = to_sweep(shrink(load_spec("feddadil", None), quick, None))
+        configs = [c for c in map(sweep.config_for, sweep.points()) if c.method.name in ("feddadil", "dadil")]
+        encoder = {(c.data.benchmark, c.method.params.encoder_rounds, c.run.rounds) for c in configs}
+        rounds = 3 if quick else 50
+        assert encoder == {("tep", -1, rounds), ("digits", digits_encoder_rounds, rounds)}

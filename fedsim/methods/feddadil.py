@@ -3,13 +3,16 @@
 Castellon, Montesuma et al., "Federated Dataset Dictionary Learning for
 Multi-Source Domain Adaptation", ICASSP 2024 (Alg. 1), on top of DaDiL
 (Montesuma et al., ECAI 2023). The server holds K atoms (labeled empirical
-distributions). Each round it sends one mini-batch of the atoms to every
-client; each client (labeled sources and the unlabeled target) clones it and,
-for E local epochs, takes Adam steps on its copy of the atoms and on its
-private barycentric coordinates alpha (projected on the simplex) to reduce
-W_c(client batch, B(alpha; atoms)) (DaDiL Eq. 9). Clients return their atom
-versions only; alpha never leaves the client. The server keeps one client's
-version drawn at random (the paper's rule) or the average.
+distributions of n rows) and sends the whole dictionary to every sampled client;
+each client (labeled sources and the unlabeled target) clones it and makes E
+local iterations, each one pass over the atoms in n // n_b mini-batches (every
+atom's rows from its own permutation), with one optimizer step per mini-batch on
+its copy of the atoms and on its private barycentric coordinates alpha (projected
+on the simplex) to reduce W_c(client batch, B(alpha; atoms)) (DaDiL Eq. 9). The
+client's optimizer state persists across rounds, as in the authors' PyDiL client.
+Clients return their atom versions only; alpha never leaves the client. The
+server keeps one client's version drawn at random (``aggregation=random``) or
+their mean (``avg``); docs/feddadil.md gives the default and its measured reason.
 
 On raw-input benchmarks (images) the first ``encoder_rounds`` rounds train an
 encoder with FedAvg on the sources (:class:`~fedsim.methods.common.encoder_stage.EncoderStage`);

@@ -12,6 +12,7 @@ The server half lives in :class:`EncoderStage`; the hosting method declares the 
 """
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import numpy as np
@@ -25,6 +26,8 @@ from fedsim.methods.base import Method, ServerState, client_operation
 from fedsim.methods.common.dictionary import atom_tensors, check_batch_size, num_atoms
 from fedsim.methods.common.training import encode_in_chunks, load_numpy
 from fedsim.methods.fedavg import FedAvg
+
+logger = logging.getLogger(__name__)
 
 #: encoder rounds when ``method.encoder_rounds`` is -1 (automatic) and the inputs are images
 DEFAULT_IMAGE_ENCODER_ROUNDS = 5
@@ -53,9 +56,19 @@ class EncoderStage:
         self.fedavg = FedAvg(config, federation, str(device)) if self.uses_encoder else None
 
     @staticmethod
-    def check_setting(requested_rounds: int, federation) -> None:
-        if uses_encoder(federation) and encoder_rounds(requested_rounds, federation) == 0:
+    def check_setting(requested_rounds: int, federation, total_rounds: int) -> None:
+        """Images need at least one encoder round; vectors have no encoder; a run whose rounds are all encoder
+        rounds never learns a dictionary (warned: its accuracy is FedAvg's)."""
+        if not uses_encoder(federation):
+            if requested_rounds > 0:
+                raise UserError(f"method.encoder_rounds={requested_rounds}, but vector inputs have no encoder: leave it at -1 or 0")
+            return
+        rounds = encoder_rounds(requested_rounds, federation)
+        if rounds == 0:
             raise UserError("a dataset dictionary on image inputs needs an encoder: set method.encoder_rounds to 1 or more")
+        if rounds >= total_rounds:
+            logger.warning("method.encoder_rounds (%d) >= run.rounds (%d): every round trains the encoder, no dictionary "
+                           "is learned and the reported accuracy is FedAvg's", rounds, total_rounds)
 
     def is_encoder_round(self, rnd: int) -> bool:
         return rnd <= self.rounds
@@ -136,7 +149,7 @@ class DictionaryMethod(Method):
     @classmethod
     def check_setting(cls, config, federation) -> None:
         check_batch_size(config.method.params, config.method.batch_size)
-        EncoderStage.check_setting(config.method.params.encoder_rounds, federation)
+        EncoderStage.check_setting(config.method.params.encoder_rounds, federation, config.run.rounds)
 
     def global_tensors(self, state: ServerState) -> dict:
         return {**atom_tensors(state), **state.get("weights", {})}
