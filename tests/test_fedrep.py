@@ -78,3 +78,36 @@ def test_split_head_and_declared_disclosure():
     assert body == {"encoder.0.weight": 1} and head == {"head.weight": 2, "head.bias": 3}
     assert FedRep.disclosed_state_keys == ("head",) and FedRep.centralized is False
     assert FedRep.operations == {"fit", "share_head", "evaluate"}
+
+
+def test_head_epochs_encode_once_and_leave_the_representation_as_sent(toy_overrides, monkeypatch):
+    """Alg. 1: phi^t is frozen during the tau_h head epochs: one encoder pass (no backward through it), the
+    representation (buffers included) reaches the representation epoch exactly as the server sent it."""
+    import fedsim.methods.fedrep as fedrep_module
+
+    config, federation, executor, server = _run(toy_overrides, "method.head_epochs=3")
+    sent = {k: v.copy() for k, v in server.state["weights"].items()}
+    seen, encoder_calls = [], []
+    original = fedrep_module.train_epochs
+
+    def spy(model, split, *args, **kwargs):
+        seen.append(({k: v.detach().clone() for k, v in model.state_dict().items()}, len(encoder_calls)))
+        return original(model, split, *args, **kwargs)
+
+    monkeypatch.setattr(fedrep_module, "train_epochs", spy)
+    model = executor.host.method.classifier.shared()
+    hook = model.encoder.register_forward_hook(lambda *_: encoder_calls.append(1))
+    try:
+        server.run_round(1, evaluate=False)
+    finally:
+        hook.remove()
+    assert len(seen) == len(federation.source_ids)
+    initial_head = split_head(executor.host.method.classifier.initial_weights())[1]
+    previous = 0
+    for cid, (state, calls) in zip(sorted(federation.source_ids), seen):
+        for key, value in sent.items():
+            np.testing.assert_array_equal(state[key].numpy(), value)
+        assert not np.allclose(state["head.weight"].numpy(), initial_head["head.weight"])  # the head did train
+        batches = -(-federation.info(cid).num_train // config.method.batch_size)
+        assert calls - previous == batches  # one pass over the training inputs, not head_epochs passes
+        previous = calls + batches  # the representation epoch's own forward passes

@@ -13,7 +13,10 @@ ramp 2/(1+exp(-10p))-1 and the learning rate annealed as mu_0/(1+10p)^0.75,
 the training schedule DAN's own follow-up work (JAN, Long et al. 2017) takes
 from Ganin et al. (2016), shared with FedDANN so the two baselines differ by
 the loss alone (:mod:`fedsim.methods.common.alignment`). MMD has no parameters:
-there is no discriminator learning rate.
+there is no discriminator learning rate. The digits config sets
+``lambda_domain = 0.1``, FedDANN's value from its rule on the sources, so that
+the two baselines still differ by the loss alone (at 1, FedMMD lowered synth by
+10 points with mnistm as the target: docs/baselines.md).
 """
 from __future__ import annotations
 

@@ -9,6 +9,19 @@ representation epoch, Sec. 5). Only the representation goes back; the server
 averages it weighted by sample count, as FedAvg. Heads start from the global
 initialization's head.
 
+The head epochs. In Alg. 1 the representation phi^t is fixed while the head
+takes its tau_h steps, so phi^t(x) is computed once per round, without gradients
+(:func:`frozen_features`), and the head trains on those features: one forward
+pass of the encoder instead of tau_h, no backward through it (the head's loss,
+and so its update, is the same as with a frozen encoder re-run every epoch for
+a model without batch norm, Collins et al.'s case). With batch norm, each input
+is normalized by the statistics of a fixed chunk of ``method.batch_size``
+training inputs (train mode, as in the representation epochs) rather than of a
+re-drawn mini-batch, and the running statistics are left as the server sent
+them (phi^t frozen, buffers included); the representation epochs then update
+them as usual. ``head_loss`` (last head epoch) and ``train_loss`` (last
+representation epoch) are reported per client.
+
 Target rule (ours, not the paper's: FedRep has no unlabeled client). The target
 has no head and no labels to train one. At evaluation only, each source sends its
 head (an evaluation-only exchange, ``share_head``: the head's parameters and its
@@ -33,7 +46,7 @@ from fedsim.errors import UserError
 from fedsim.messages import Instruction, Reply
 from fedsim.methods.base import Method, ServerState, client_operation
 from fedsim.methods.common.classifier import GlobalClassifier
-from fedsim.methods.common.training import evaluate_model, load_numpy, make_optimizer, model_to_numpy, train_epochs, weighted_average
+from fedsim.methods.common.training import evaluate_model, load_numpy, make_optimizer, minibatches, model_to_numpy, train_epochs, weighted_average
 from fedsim.registry import METHODS
 from fedsim.seeding import derive_seed
 
@@ -43,6 +56,38 @@ HEAD = "head."  # state-dict prefix of the personal part
 def split_head(tensors: dict) -> tuple[dict, dict]:
     """(representation tensors, head tensors)."""
     return {k: v for k, v in tensors.items() if not k.startswith(HEAD)}, {k: v for k, v in tensors.items() if k.startswith(HEAD)}
+
+
+@torch.no_grad()
+def frozen_features(model: nn.Module, x: np.ndarray, chunk: int, device: torch.device) -> torch.Tensor:
+    """phi^t(x) of every training input, without gradients, in train mode: batch norm normalizes each chunk of
+    ``chunk`` inputs by its own statistics, as the training batches are (a final chunk of one joins the one before).
+    The running statistics this moves are the caller's to restore."""
+    model.train()
+    bounds = list(range(0, len(x), chunk)) + [len(x)]
+    if len(bounds) > 2 and bounds[-1] - bounds[-2] == 1:
+        del bounds[-2]
+    return torch.cat([model.features(torch.from_numpy(x[a:b]).to(device)) for a, b in zip(bounds[:-1], bounds[1:])])
+
+
+def train_head(head: nn.Module, features: torch.Tensor, y: np.ndarray, epochs: int, method, seed: int) -> float:
+    """Alg. 1's head update: ``epochs`` epochs of SGD on cross-entropy(head(phi^t(x)), y) over the fixed features;
+    returns the mean loss of the last epoch."""
+    labels = torch.from_numpy(y).to(features.device)
+    optimizer = make_optimizer(head.parameters(), method)
+    generator = torch.Generator().manual_seed(seed)
+    head.train()
+    last = 0.0
+    for _ in range(epochs):
+        total, count = 0.0, 0
+        for idx in minibatches(len(labels), method.batch_size, generator):
+            optimizer.zero_grad(set_to_none=True)
+            loss = nn.functional.cross_entropy(head(features[idx]), labels[idx])
+            loss.backward()
+            optimizer.step()
+            total, count = total + float(loss.detach()) * len(idx), count + len(idx)
+        last = total / max(count, 1)
+    return last
 
 
 @METHODS.register("fedrep")
@@ -70,7 +115,8 @@ class FedRep(Method):
     def run_round(self, ctx, state: ServerState) -> tuple[ServerState, dict]:
         replies = ctx.call("fit", state["weights"], self.sample_clients(ctx.round, self.federation.source_ids))
         weights = weighted_average([r.tensors for r in replies.values()], [r.num_examples for r in replies.values()])
-        return {**state, "weights": weights}, {"train_loss": {str(cid): r.metrics["train_loss"] for cid, r in replies.items()}}
+        keys = sorted({key for r in replies.values() for key in r.metrics})  # train_loss, head_loss
+        return {**state, "weights": weights}, {key: {str(cid): r.metrics[key] for cid, r in replies.items() if key in r.metrics} for key in keys}
 
     def evaluate_round(self, ctx, state: ServerState) -> dict:
         """Sources send their heads (evaluation only); sources test their own head, the target the weighted mixture."""
@@ -91,21 +137,22 @@ class FedRep(Method):
 
     @client_operation
     def fit(self, instruction: Instruction, state: Any, data: ClientData) -> tuple[Reply, Any]:
-        """tau_h head epochs (representation frozen), then the representation's epochs (head frozen); only phi goes back."""
+        """tau_h head epochs on the frozen representation's features, then the representation's epochs (head frozen); only phi goes back."""
         model, method, seed = state["model"], self.config.method, instruction.config["seed"]
         load_numpy(model, {**instruction.tensors, **self.own_head(state)})
-        loss = 0.0
-        for part, frozen, epochs, stage in ((model.head, model.encoder, self.params.head_epochs, 1), (model.encoder, model.head, method.local_epochs, 2)):
-            if epochs == 0:
-                continue
-            frozen.requires_grad_(False)
-            try:
-                optimizer = make_optimizer(part.parameters(), method)
-                loss = train_epochs(model, data.train, epochs, method.batch_size, optimizer, derive_seed(seed, stage), self.device)
-            finally:
-                frozen.requires_grad_(True)
+        metrics = {}
+        if self.params.head_epochs:
+            features = frozen_features(model, data.train.x, method.batch_size, self.device)
+            load_numpy(model, instruction.tensors, strict=False)  # phi^t is frozen: undo the BN statistics the encoding moved
+            metrics["head_loss"] = train_head(model.head, features, data.train.y, self.params.head_epochs, method, derive_seed(seed, 1))
+        model.head.requires_grad_(False)
+        try:
+            optimizer = make_optimizer(model.encoder.parameters(), method)
+            metrics["train_loss"] = train_epochs(model, data.train, method.local_epochs, method.batch_size, optimizer, derive_seed(seed, 2), self.device)
+        finally:
+            model.head.requires_grad_(True)
         body, state["head"] = split_head(model_to_numpy(model))
-        return Reply(data.client_id, body, {"train_loss": loss}, num_examples=len(data.train)), state
+        return Reply(data.client_id, body, metrics, num_examples=len(data.train)), state
 
     @client_operation
     def share_head(self, instruction: Instruction, state: Any, data: ClientData) -> tuple[Reply, Any]:

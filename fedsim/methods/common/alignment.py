@@ -31,9 +31,7 @@ separate forward passes, so source and target never share a batch-norm batch.
 ``"running"`` encodes the target in eval mode (the sources' running statistics)
 instead; on digits that left a normalization gap the discriminator could exploit. Measured on
 digits -> usps, one shared batch made DANN worse than source-only (36.5 vs
-58.6) while separate passes gave 70.6. The target features are a constant
-during the source's local epochs: the alignment moves the source features, and
-the target's encoding follows through the shared weights in later rounds.
+58.6) while separate passes gave 70.6.
 
 With ``target_normalization = "batch"`` and a model with batch norm, the target
 also *evaluates* with statistics of its own inputs (re-estimated on its unlabeled
@@ -54,10 +52,12 @@ training progress in [0, 1] counted in local steps over ``run.rounds`` rounds:
   ``method.lr`` times :meth:`FeatureAlignment.domain_lr_scale` (1 unless a
   method says otherwise).
 
-Target features are refreshed once per round, before the sources' fit: the most
-often a round-based exchange allows without averaging the model more often
-than FedAvg; every refresh is counted in ``bytes_sent``/``bytes_received``
-by the runtime like any exchange.
+Target features are refreshed once per round, before the sources' fit (counted
+in ``bytes_sent``/``bytes_received``): the most often a round-based exchange
+allows without averaging more often than FedAvg. They are a snapshot of the
+round's starting encoder, constant during the local epochs, and one-sided (no
+gradient reaches the target's encoding): on digits this staleness, not the 256-point
+size, made ``lambda_domain = 1`` collapse the sources (docs/baselines.md).
 """
 from __future__ import annotations
 
