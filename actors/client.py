@@ -8,20 +8,32 @@ from __future__ import annotations
 
 import logging
 
-import torch
-
 from fedsim.messages import Instruction, Reply
-from fedsim.runtime.client_host import ClientHost, threads_for
 
 
 class ClientActor:
+    """torch, the method's client half and the data load here, in the actor, never in a process that only
+    refers to the class (the server actor holds the executor that creates these actors)."""
+
     def __init__(self, config, federation, client_ids: list[int], device: str):
+        import torch
+
+        from fedsim.runtime.client_host import ClientHost, threads_for
+
         logging.basicConfig(level=logging.WARNING)
         torch.set_num_threads(threads_for(config.resources.cpus_per_client))
         self.host = ClientHost(config, federation, client_ids, device=device)
 
     def ready(self) -> list[int]:
         return self.host.client_ids
+
+    def initial_server_state(self) -> dict:
+        """The method's ``init_server()`` state, built here for a server half that needs no torch (the seeded
+        initial model: the same on every backend, as a server would build it, on CPU)."""
+        from fedsim.registry import METHODS
+
+        config, federation = self.host.config, self.host.federation
+        return METHODS.get(config.method.name)(config, federation, device="cpu").init_server()
 
     def execute(self, batch: list[tuple[int, str, int, dict]], *payloads) -> tuple[list[Reply], dict]:
         """Run a batch of (client_id, operation, payload index, per-client config).

@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import random
 import zlib
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
+
+if TYPE_CHECKING:
+    import torch  # imported where a generator is made: a numpy-only process (a FedAvg server) never loads it
 
 
 def _key(part) -> int:
@@ -34,6 +37,8 @@ def numpy_rng(root: int, *parts) -> np.random.Generator:
 
 
 def torch_generator(root: int, *parts) -> torch.Generator:
+    import torch
+
     generator = torch.Generator()
     generator.manual_seed(derive_seed(root, *parts))
     return generator
@@ -41,6 +46,8 @@ def torch_generator(root: int, *parts) -> torch.Generator:
 
 def seed_everything(seed: int) -> None:
     """Seed the global generators (for code outside fedsim that draws from them)."""
+    import torch
+
     random.seed(seed)
     np.random.seed(seed % (1 << 32))
     torch.manual_seed(seed)

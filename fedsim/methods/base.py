@@ -22,7 +22,6 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, Iterable, Mapping
 
 import numpy as np
-import torch
 
 from fedsim.config import ExperimentConfig, NoParams
 from fedsim.data.base import ClientData
@@ -57,6 +56,12 @@ class Method:
     #: True for references that move client data to the server on purpose (pooled training): their replies
     #: carry inputs, which the privacy contract test otherwise forbids
     centralized: ClassVar[bool] = False
+    #: False when the server half (``run_round``, ``aggregate``, evaluation summaries) is numpy only, as FedAvg's
+    #: weighted mean: on Ray the server actor then never imports torch (about 150 MB and a second of start-up;
+    #: its ``init_server`` state, the seeded initial model, is computed in a client actor and handed over, as
+    #: Flower asks one client for the initial parameters). Declared by each class itself, never inherited:
+    #: a subclass that does not declare it gets True, so new server-side torch work cannot run unprepared.
+    server_needs_torch: ClassVar[bool] = True
     #: config values this method changes from the library's defaults, per section (e.g. FedOD's 3 rounds);
     #: a user's file or override still wins
     config_defaults: ClassVar[Mapping[str, Mapping[str, Any]]] = {}
@@ -67,6 +72,8 @@ class Method:
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
+        if "server_needs_torch" not in vars(cls):
+            cls.server_needs_torch = True
         cls.operations = frozenset(
             name for klass in cls.__mro__ for name, value in vars(klass).items() if getattr(value, "is_client_operation", False)
         )
@@ -75,7 +82,20 @@ class Method:
         self.config = config
         self.federation = federation
         self.params = config.method.params
-        self.device = torch.device(device)
+        self.device = device
+
+    @property
+    def device(self):
+        """The torch device of the client half (torch is imported on first use: a numpy server never asks)."""
+        import torch
+
+        if not isinstance(self._device, torch.device):
+            self._device = torch.device(self._device)
+        return self._device
+
+    @device.setter
+    def device(self, value) -> None:
+        self._device = value
 
     @classmethod
     def description(cls) -> str:

@@ -4,26 +4,38 @@ Labeled source clients run E local epochs of SGD from the global weights; the
 server replaces the global weights by the mean of the returned weights,
 weighted by each client's number of training samples. The unlabeled target
 client never trains: it only evaluates the global model on its test part.
+
+The server half is numpy only (``server_needs_torch = False``): torch and the
+classifier are imported where the client half first uses them.
 """
 from __future__ import annotations
 
-from typing import Any, Optional
+from functools import cached_property
+from typing import TYPE_CHECKING, Any, Optional
 
 from fedsim.data.base import ClientData
 from fedsim.messages import Instruction, Reply
 from fedsim.methods.base import Exchange, Replies, ServerState, SingleExchange, client_operation
-from fedsim.methods.common.classifier import GlobalClassifier
-from fedsim.methods.common.training import StepLoss, model_to_numpy, weighted_average
+from fedsim.methods.common.aggregation import weighted_average
 from fedsim.registry import METHODS
+
+if TYPE_CHECKING:
+    from fedsim.methods.common.classifier import GlobalClassifier
+    from fedsim.methods.common.training import StepLoss
 
 
 @METHODS.register("fedavg")
 class FedAvg(SingleExchange):
     """FedAvg source-only (McMahan et al. 2017): sources train locally, the server averages weights by sample count."""
 
-    def __init__(self, config, federation, device: str = "cpu"):
-        super().__init__(config, federation, device)
-        self.classifier = GlobalClassifier(config, federation, self.device)
+    server_needs_torch = False
+
+    @cached_property
+    def classifier(self) -> GlobalClassifier:
+        """The model builder and training loop (torch), made on first use: a client's, or ``init_server``'s."""
+        from fedsim.methods.common.classifier import GlobalClassifier
+
+        return GlobalClassifier(self.config, self.federation, self.device)
 
     # ---- server half ------------------------------------------------------
     def init_server(self) -> ServerState:
@@ -48,6 +60,8 @@ class FedAvg(SingleExchange):
     @client_operation
     def fit(self, instruction: Instruction, state: Any, data: ClientData) -> tuple[Reply, Any]:
         model = state["model"]
+        from fedsim.methods.common.training import model_to_numpy
+
         loss = self.classifier.train(model, instruction.tensors, data.train, instruction.config["seed"], self.local_loss(instruction))
         return Reply(data.client_id, model_to_numpy(model), {"train_loss": loss}, num_examples=len(data.train)), state
 

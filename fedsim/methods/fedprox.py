@@ -1,17 +1,15 @@
 """FedProx (Li et al., MLSys 2020, Eq. 2): FedAvg with a proximal term.
 
 Each source client minimizes  F_k(w) + mu/2 ||w - w_global||^2  locally; the
-server aggregation is FedAvg's weighted mean.
+server aggregation is FedAvg's weighted mean (numpy only: torch is imported by the
+client half, in :meth:`FedProx.local_loss`).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
-
 from fedsim.errors import UserError
 from fedsim.messages import Instruction
-from fedsim.methods.common.training import classification_loss
 from fedsim.methods.fedavg import FedAvg
 from fedsim.registry import METHODS
 
@@ -19,6 +17,8 @@ from fedsim.registry import METHODS
 @METHODS.register("fedprox")
 class FedProx(FedAvg):
     """FedProx (Li et al. 2020): FedAvg plus the proximal term mu/2 ||w - w_global||^2."""
+
+    server_needs_torch = False
 
     @dataclass(frozen=True)
     class Params:
@@ -29,6 +29,10 @@ class FedProx(FedAvg):
                 raise UserError(f"method.mu must be 0 or more, got {self.mu}: e.g. --set method.mu=0.01")
 
     def local_loss(self, instruction: Instruction):
+        import torch
+
+        from fedsim.methods.common.training import classification_loss
+
         mu = self.params.mu
         if mu == 0:
             return None

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import pickle
 import random
+import sys
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from fedsim.errors import UserError
 from fedsim.runtime.files import atomic_write_bytes
@@ -22,13 +22,20 @@ FORMAT = 1
 
 
 def rng_states() -> dict:
-    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    """The global generators; torch's only where torch is loaded (a Ray driver of a numpy server never loads it)."""
+    states = {"python": random.getstate(), "numpy": np.random.get_state()}
+    if "torch" in sys.modules:
+        states["torch"] = sys.modules["torch"].get_rng_state()
+    return states
 
 
 def restore_rng_states(states: dict) -> None:
     random.setstate(states["python"])
     np.random.set_state(states["numpy"])
-    torch.set_rng_state(states["torch"])
+    if "torch" in states:
+        import torch
+
+        torch.set_rng_state(states["torch"])
 
 
 def save_checkpoint(run_dir: Path, payload: dict) -> Path:

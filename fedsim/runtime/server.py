@@ -1,6 +1,7 @@
 """Server: holds the method's global state, runs its setup and rounds through a RoundContext, evaluates."""
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from typing import Optional, Protocol
@@ -9,7 +10,6 @@ import numpy as np
 
 from fedsim.data.scenario import Federation
 from fedsim.messages import Reply
-from fedsim.runtime.client_host import torch_threads
 from fedsim.runtime.context import RoundContext
 
 #: torch threads of the server half on every backend (the Ray ServerActor asks for no CPU and runs one
@@ -67,14 +67,16 @@ class ServerHandle(Protocol):
 class Server:
     """The server half of a run, in whatever process holds it (the driver, or a Ray actor)."""
 
-    def __init__(self, config, federation: Federation, executor):
+    def __init__(self, config, federation: Federation, executor, state: Optional[dict] = None):
+        """``state``: the method's initial server state when it was computed elsewhere (the Ray backend computes
+        it in a client actor for a method whose server half needs no torch); by default ``init_server()`` here."""
         from fedsim.registry import METHODS
 
         self.config = config
         self.federation = federation
         self.executor = executor
         self.method = METHODS.get(config.method.name)(config, federation, device="cpu")
-        self.state = self.method.init_server()
+        self.state = self.method.init_server() if state is None else state
         self._restarts_seen = 0
         self._placement_recorded = False
         self._bytes_mark: Optional[tuple[int, int]] = None  # counters before a setup stage: counted in the next round
@@ -97,7 +99,7 @@ class Server:
         sent, received = self._bytes_mark or (self.executor.bytes_sent, self.executor.bytes_received)
         self._bytes_mark = None
         ctx = self.context(rnd)
-        with torch_threads(SERVER_THREADS):  # clients set their own thread count inside the executor
+        with self._threads():
             self.state, metrics = self.method.run_round(ctx, self.state)
             metrics = {"round": rnd, **metrics}
             if evaluate:
@@ -116,6 +118,15 @@ class Server:
         metrics["bytes_received"] = self.executor.bytes_received - received
         metrics["round_seconds"] = time.perf_counter() - started
         return metrics
+
+    def _threads(self):
+        """SERVER_THREADS torch threads for a server half that uses torch (clients set their own inside the
+        executor); a numpy-only one (``Method.server_needs_torch``) leaves torch unloaded."""
+        if not self.method.server_needs_torch:
+            return contextlib.nullcontext()
+        from fedsim.runtime.client_host import torch_threads
+
+        return torch_threads(SERVER_THREADS)
 
     def export_state(self) -> dict:
         """Server half of a checkpoint: the method's state and the byte counters."""

@@ -1,13 +1,14 @@
 """The one local-training loop and its pieces: weights <-> numpy, the optimizer, mini-batches, evaluation, weighted means."""
 from __future__ import annotations
 
-from typing import Callable, Iterable, Iterator, Mapping, Optional
+from typing import Callable, Iterator, Mapping, Optional
 
 import numpy as np
 import torch
 from torch import nn
 
 from fedsim.data.base import ArraySplit
+from fedsim.methods.common.aggregation import weighted_average  # noqa: F401  (re-exported: numpy only, for torch-free servers)
 
 #: rows per forward pass when a whole split is encoded or evaluated without gradients (bounds memory)
 CHUNK = 512
@@ -21,21 +22,6 @@ def model_to_numpy(model: nn.Module) -> dict[str, np.ndarray]:
 def load_numpy(model: nn.Module, tensors: Mapping[str, np.ndarray], strict: bool = True) -> None:
     state = {name: torch.tensor(np.asarray(value)) for name, value in tensors.items()}  # copy: object-store arrays are read-only
     model.load_state_dict(state, strict=strict)
-
-
-def weighted_average(tensor_sets: Iterable[Mapping[str, np.ndarray]], weights: Iterable[float]) -> dict[str, np.ndarray]:
-    """sum_k w_k T_k / sum_k w_k per named tensor (McMahan et al. 2017, Alg. 1), in float64, cast back."""
-    tensor_sets = list(tensor_sets)
-    weights = np.asarray(list(weights), dtype=np.float64)
-    if len(tensor_sets) == 0 or weights.sum() <= 0:
-        raise ValueError("weighted_average needs at least one tensor set with positive weight")
-    weights = weights / weights.sum()
-    out = {}
-    for name in tensor_sets[0]:
-        total = sum(w * np.asarray(ts[name], dtype=np.float64) for w, ts in zip(weights, tensor_sets))
-        dtype = np.asarray(tensor_sets[0][name]).dtype
-        out[name] = (np.rint(total) if np.issubdtype(dtype, np.integer) else total).astype(dtype)
-    return out
 
 
 def make_optimizer(model_or_params, method_config, lr: Optional[float] = None) -> torch.optim.Optimizer:

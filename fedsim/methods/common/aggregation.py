@@ -1,0 +1,21 @@
+"""Server-side aggregation in numpy alone, so a server half that only averages never imports torch."""
+from __future__ import annotations
+
+from typing import Iterable, Mapping
+
+import numpy as np
+
+
+def weighted_average(tensor_sets: Iterable[Mapping[str, np.ndarray]], weights: Iterable[float]) -> dict[str, np.ndarray]:
+    """sum_k w_k T_k / sum_k w_k per named tensor (McMahan et al. 2017, Alg. 1), in float64, cast back."""
+    tensor_sets = list(tensor_sets)
+    weights = np.asarray(list(weights), dtype=np.float64)
+    if len(tensor_sets) == 0 or weights.sum() <= 0:
+        raise ValueError("weighted_average needs at least one tensor set with positive weight")
+    weights = weights / weights.sum()
+    out = {}
+    for name in tensor_sets[0]:
+        total = sum(w * np.asarray(ts[name], dtype=np.float64) for w, ts in zip(weights, tensor_sets))
+        dtype = np.asarray(tensor_sets[0][name]).dtype
+        out[name] = (np.rint(total) if np.issubdtype(dtype, np.integer) else total).astype(dtype)
+    return out
