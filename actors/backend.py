@@ -5,6 +5,7 @@ import logging
 import math
 import os
 import socket
+import time
 import warnings
 
 import ray
@@ -12,8 +13,12 @@ import ray
 from actors.executor import ActorSpec, RayExecutor
 from actors.server import RemoteServer
 from fedsim.errors import UserError
+from fedsim.registry import METHODS
 
 log = logging.getLogger(__name__)
+
+#: wall-clock stamps (time.time()) of the last run's start-up and shutdown phases, read by the overhead benchmark
+TIMINGS: dict[str, float] = {}
 
 
 def check_reachable(address: str) -> None:
@@ -43,8 +48,8 @@ def connect(address: str | None, num_cpus: int | None = None) -> bool:
     try:
         if address:
             ray.init(address=address, **kwargs)
-        else:
-            ray.init(num_cpus=num_cpus or os.cpu_count(), **kwargs)
+        else:  # "local": a fresh cluster even when a 'ray start' one is running (joining it takes --address auto)
+            ray.init(address="local", num_cpus=num_cpus or os.cpu_count(), **kwargs)
     except ConnectionError as exc:
         raise UserError(
             f"cannot connect to a Ray cluster at {address!r} ({str(exc).splitlines()[0]}): "
@@ -92,7 +97,10 @@ def start_server(config, federation) -> RemoteServer:
         client_actors, spec, max_restarts=settings.max_restarts, inject_faults=settings.inject_faults, seed=config.run.seed,
         rounds=config.run.rounds, call_timeout=settings.call_timeout_s,
     )
-    server = RemoteServer(config, federation, executor, client_actors, assignment)
+    state = None
+    if not METHODS.get(config.method.name).server_needs_torch:  # the server actor stays free of torch
+        state = client_actors[0].initial_server_state.remote()
+    server = RemoteServer(config, federation, executor, client_actors, assignment, state)
     server.ready()
     log.info("ray backend: %d client actors for %d clients", count, len(federation.clients))
     return server
@@ -105,7 +113,10 @@ def open_server(config, federation, num_cpus: int | None = None):
     """
     from fedsim.data.scenario import forget_domain_data
 
+    TIMINGS.clear()
+    TIMINGS["connecting"] = time.time()
     started = connect(config.run.address, num_cpus=num_cpus)
+    TIMINGS["connected"] = time.time()
     forget_domain_data(config.data)  # the actors build their own data; the driver needs only the description
     try:
         server = start_server(config, federation)
@@ -113,10 +124,13 @@ def open_server(config, federation, num_cpus: int | None = None):
         if started:
             ray.shutdown()
         raise
+    TIMINGS["actors ready"] = time.time()
 
     def close() -> None:
+        TIMINGS["closing"] = time.time()
         server.close()
         if started:
             ray.shutdown()
+        TIMINGS["closed"] = time.time()
 
     return server, close
