@@ -1,5 +1,6 @@
 """FedDANN / FedMMD: the target-feature exchange, the shared payload, privacy of the discriminator, backends."""
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -271,3 +272,14 @@ def test_feddann_defaults_are_ganins_mnist_discriminator(toy_overrides):
     linears = [m for m in loss.modules() if isinstance(m, torch.nn.Linear)]
     assert [(m.in_features, m.out_features) for m in linears] == [(16, 100), (100, 1)]
     assert method.params.schedule == "dann" and method.params.lr_schedule == "dann" and method.domain_lr_scale() == 1.0
+
+
+
+def test_digits_configs_carry_the_source_rule_lambda_and_references_keep_the_papers():
+    """docs/baselines.md: lambda_domain 0.1 for FedDANN and FedMMD on digits (rule on the sources), 1 in the code
+    (Ganin et al., Long et al.) and for the centralized references, which keep their sources with it."""
+    configs = Path(__file__).parent.parent / "experiments" / "configs"
+    weights = {name: load_config(str(configs / f"digits-{name}.yaml"), []).method.params.lambda_domain
+               for name in ("feddann", "fedmmd", "dann", "mmd")}
+    assert weights == {"feddann": 0.1, "fedmmd": 0.1, "dann": 1.0, "mmd": 1.0}
+    assert FedDANN.Params().lambda_domain == 1.0 and FedMMD.Params().lambda_domain == 1.0
