@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-# The driver's whole path (config, federation, the method's checks, Simulator, metrics, checkpoints) and the
+# The driver's whole path (config, federation, the method's checks, Simulator, metrics, TensorBoard, checkpoints) and the
 # server's (the method, setup standardization, rounds, aggregation, evaluation summaries) in a fresh interpreter,
 # with clients that reply in numpy as the client half would. The initial state comes from outside, as the Ray
 # backend hands it over from a client actor.
@@ -41,7 +41,7 @@ def open_numpy_backend(config, federation, num_cpus=None):
 
 fedsim.api.BACKENDS["ray"] = "__main__:open_numpy_backend"
 config = load_config(None, sys.argv[3:] + ["run.backend=ray", f"method.name={sys.argv[1]}", "run.rounds=3", "run.checkpoint_every=1",
-                                          "run.tensorboard=false"])
+                                          "run.tensorboard=true"])
 result = fedsim.api.run_experiment(config, sys.argv[2])
 loaded = sorted(m for m in sys.modules if m == "torch" or m.startswith("torch."))
 print(json.dumps({"w": result.global_tensors["w"].tolist(), "n": result.global_tensors["n"].tolist(),
@@ -59,7 +59,7 @@ def test_driver_and_server_of_a_numpy_method_never_import_torch(method, toy_over
     # sources are clients 0 and 2 (10 and 30 examples); each round w <- 0.25 (w + 0) + 0.75 (w + 2) = w + 1.5
     assert out["w"] == [4.5, 4.5, 4.5] and out["n"] == [6]  # integers: rint(1.5) = 2, rint(3.5) = 4, rint(5.5) = 6
     assert out["accuracy"] == 0.75
-    assert (tmp_path / "run" / "summary.json").exists()
+    assert (tmp_path / "run" / "summary.json").exists() and any((tmp_path / "run" / "tb").glob("events.out.tfevents.*"))
 
 
 def test_torch_declaration_is_per_method_not_inherited():

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from pathlib import Path
 from typing import Optional
 
@@ -57,22 +58,30 @@ class MetricsFile(Callback):
 
 
 class TensorBoard(Callback):
-    """Scalars under ``tb/`` (nested metrics become ``source_accuracy/usps`` and so on)."""
+    """Scalars under ``tb/`` (nested metrics become ``source_accuracy/usps`` and so on).
+
+    Written with TensorBoard's own event writer (the one ``torch.utils.tensorboard`` wraps), so the driver
+    of a Ray run, which trains nothing, never loads torch for it.
+    """
 
     def __init__(self, log_dir: Path):
         self.log_dir = Path(log_dir)
         self.writer = None
 
     def on_run_start(self, simulator) -> None:
-        from torch.utils.tensorboard import SummaryWriter
+        from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
-        self.writer = SummaryWriter(str(self.log_dir))
+        self.writer = EventFileWriter(str(self.log_dir))
 
     def on_round_end(self, simulator, metrics: dict) -> None:
+        from tensorboard.compat.proto.event_pb2 import Event
+        from tensorboard.compat.proto.summary_pb2 import Summary
+
         step = int(metrics["round"])
         for name, value in _flatten(metrics).items():
             if name != "round":
-                self.writer.add_scalar(name, value, step)
+                summary = Summary(value=[Summary.Value(tag=name, simple_value=value)])
+                self.writer.add_event(Event(wall_time=time.time(), step=step, summary=summary))
         self.writer.flush()
 
     def on_run_end(self, simulator, summary: dict) -> None:
