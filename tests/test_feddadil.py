@@ -64,7 +64,7 @@ def test_alpha_is_learned_and_never_sent(toy_overrides):
 
 
 def test_random_aggregation_keeps_one_client_version(toy_overrides):
-    server, executor, _ = _server(toy_overrides + SMALL)
+    server, executor, _ = _server(toy_overrides + SMALL + ["method.aggregation=random"])
     server.run_round(1, evaluate=False)
     instructions, replies = executor.calls[-1]
     kept = server.state["atoms_x"]
@@ -105,13 +105,15 @@ def test_atom_drift_is_zero_for_identical_versions():
 
 
 def test_client_optimizer_state_persists_across_rounds(toy_overrides):
-    server, executor, federation = _server(toy_overrides + SMALL)
+    """Adam counts its steps: 4 after two rounds of 2 steps shows the state was carried over (SGD's momentum
+    buffers travel the same way)."""
+    server, executor, federation = _server(toy_overrides + SMALL + ["method.optimizer=adam"])
     server.run_round(1, evaluate=False)
     server.run_round(2, evaluate=False)
     for cid in federation.client_ids:
         assert executor.host.private_state(cid)["optimizer"]["state"][0]["step"] == 4  # 2 steps a round (40 // 20), two rounds: kept across rounds
         buffers = executor.host.private_state(cid)["optimizer"]["state"]
-        assert buffers and all("exp_avg" in b for b in buffers.values())  # Adam's moments (the default optimizer)
+        assert buffers and all("exp_avg" in b for b in buffers.values())  # Adam's moments
 
 
 def test_dadil_follows_alg2_per_domain_atom_batches(toy_overrides, monkeypatch):

@@ -9,8 +9,9 @@ its loss, the losses are summed, and the optimizer updates the atom rows some
 domain's loss touched (rows no domain sampled stay as they are, momentum
 included). A round is E epochs of n // n_b steps, as many steps as one
 FedDaDiL client makes; the optimizer state persists across rounds in the
-server state. Defaults as FedDaDiL (``DictionaryParams``: PyDiL's n = 500, n_b = 200;
-Adam 0.3 by the rule on the sources' DiL loss written there).
+server state. Defaults as FedDaDiL (PyDiL's n = 500, n_b = 200) but the optimizer: Adam 0.3, as
+PyDiL's centralized dictionary (``CentralizedDictionaryParams``, with the rule on the sources' DiL loss;
+FedDaDiL's clients use SGD, the reason is in ``DictionaryParams``).
 
 To keep the comparison exact, it runs on the same simulator: in the first
 dictionary round every client uploads its (standardized, encoded) training
@@ -40,7 +41,7 @@ from fedsim.registry import METHODS
 class DaDiL(DictionaryMethod):
     """DaDiL centralized (Montesuma et al. 2023): the server learns the dictionary on every domain's uploaded features."""
 
-    Params = dil.DictionaryParams
+    Params = dil.CentralizedDictionaryParams
     centralized = True  # replies carry client data on purpose: the contract tests know this
 
     # ---- server half ------------------------------------------------------
