@@ -204,7 +204,7 @@ def start_cluster(port: int, temp_dir: str) -> float:
     ray_cli = os.path.join(os.path.dirname(sys.executable), "ray")
     with Timer() as start:
         subprocess.run([ray_cli, "start", "--head", f"--port={port}", "--num-cpus=2", "--include-dashboard=false", "--disable-usage-stats",
-                        "--ray-client-server-port=0", f"--temp-dir={temp_dir}"], check=True, capture_output=True)
+                        f"--temp-dir={temp_dir}"], check=True, capture_output=True)
     return start.seconds
 
 
