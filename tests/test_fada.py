@@ -281,6 +281,20 @@ def test_attention_is_the_softmax_of_the_relative_dispersion_drops():
     assert share_gains[0] > 0 > share_gains[2] and max(abs(g) for g in share_gains) < 1
 
 
+def test_share_gain_ignores_a_rescaling_that_the_dispersion_gain_punishes():
+    """A delta that only scales the features by c: dispersion gain 1 - c^2 (one-hot softmax), share gain 0 (uniform)."""
+    rng = np.random.default_rng(1)
+    pool = 10.0 * np.eye(3)[np.arange(60) % 3] + rng.normal(size=(60, 3))
+    encode = lambda weights, x: float(weights["s"]) * x  # noqa: E731
+    deltas = [{"s": np.array(9.0)}, {"s": np.array(1.0)}, {"s": np.array(0.0)}]  # features x10, x2, unchanged
+    weights, _, gains = dynamic_attention(encode, {"s": np.array(1.0)}, deltas, pool, 60, 3, 2, 1.0, seed=0, form="dispersion")
+    np.testing.assert_allclose(gains, [-99.0, -3.0, 0.0], rtol=1e-9)
+    assert weights[2] > 0.95  # all weight on the delta that did nothing
+    weights, _, gains = dynamic_attention(encode, {"s": np.array(1.0)}, deltas, pool, 60, 3, 2, 1.0, seed=0, form="share")
+    np.testing.assert_allclose(gains, 0.0, atol=1e-12)
+    np.testing.assert_allclose(weights, np.full(3, 1 / 3), rtol=1e-9)
+
+
 @pytest.mark.parametrize("overrides", [["run.clients_per_round=1"]])
 def test_sampled_sources_only_work_that_round(toy_overrides, overrides):
     _, federation, executor, _, history = run_rounds(toy_overrides, *overrides, rounds=1)

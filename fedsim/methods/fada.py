@@ -51,7 +51,7 @@ DELTA, FEATURE_GRAD = "delta:", "feature_grad"  # a source's reply tensors: its 
 @dataclass(frozen=True)
 class FADAParams:
     attention: bool = True  # dynamic attention from clustering gains; off: uniform weights
-    gap_form: str = "dispersion"  # the gain: "dispersion" (the paper's I = sum_r D_r / 2 n_r, relative drop), "share", "tibshirani"
+    gap_form: str = "share"  # gain: drop of the paper's I as a share of the scatter (scale-free), "dispersion" (I's relative drop), "tibshirani"
     disentangle_generator: bool = True  # Eq. 4-7 train G_i too (the paper); false: G_i fixed in that stage
     adversarial: bool = True  # federated adversarial alignment stage
     disentangle: bool = True  # representation disentanglement stage

@@ -1,17 +1,20 @@
 """Dynamic attention from gap-statistic gains (FADA: Peng, Huang, Zhu & Saenko, ICLR 2020, Sec. 3.1, Eq. 1-2).
 
 The target scores each source's model delta Delta_i by how much better k-means clusters its features
-with w_t + Delta_i than with w_t; the attention is the softmax of those gains, and the target moves to
-w_t + sum_i a_i Delta_i (:func:`apply_deltas`). Two forms of the gain (``form``):
+with w_t + Delta_i than with w_t; the attention is the softmax of those gains (temperature 1 in the paper),
+and the target moves to w_t + sum_i a_i Delta_i (:func:`apply_deltas`: the weights multiply the sources'
+updates, as Alg. 1 weighs their gradients). Three forms of the gain (``form``):
 
-* ``dispersion`` (the paper's, Sec. 3.1): the within-cluster dispersion I = sum_r D_r / (2 n_r) of
-  k-means on the target features (D_r: the sum of pairwise squared distances in cluster r, so I is the
-  k-means inertia), gain_i = (I(w_t) - I(w_t + Delta_i)) / I(w_t): the relative drop, free of the
-  features' scale (the paper writes the drop itself; its features' scale is not ours).
-* ``share``: the dispersion as a share of the features' total scatter, I / sum_i ||x_i - mean||^2 (in
-  [0, 1], free of each model's own scale), gain_i = share(w_t) - share(w_t + Delta_i). Not the paper's:
-  with ``dispersion`` a delta that enlarges the features (as training from the initial weights does)
-  loses by orders of magnitude (measured: gains of -1335 vs -50, attention one-hot; docs/fada.md).
+* ``share`` (FADA's default): the paper's dispersion I (below) of the features scaled to unit total
+  scatter, I / sum_i ||x_i - mean||^2 (in [0, 1]), gain_i = share(w_t) - share(w_t + Delta_i). A
+  rescaling of one model's features leaves its share unchanged, so the gains stay in [-1, 1] and the
+  softmax cannot turn one-hot on feature scale alone.
+* ``dispersion``: the within-cluster dispersion I = sum_r D_r / (2 n_r) of k-means on the target
+  features (Sec. 3.1; D_r the sum of pairwise squared distances in cluster r, so I is the k-means
+  inertia), gain_i = (I(w_t) - I(w_t + Delta_i)) / I(w_t), the relative drop. Free of the scale of w_t's
+  features but not of a delta's: features scaled by c give gain 1 - c^2, so a delta that trains the
+  features (and enlarges them) loses by orders of magnitude (measured on digits: gains -197, -108 and
+  -10 in round 1, attention 1.00 on the source that had learned least, at chance itself; docs/fada.md).
 * ``tibshirani``: Gap(w_t + Delta_i) - Gap(w_t), Gap the gap statistic (Tibshirani, Walther & Hastie,
   J. R. Statist. Soc. B 2001), log-scaled and normalized by uniform reference sets (below).
 
