@@ -143,7 +143,7 @@ def test_sources_get_one_shared_payload_with_the_target_features(toy_overrides):
 
 def test_feddann_and_fedmmd_differ_only_by_the_loss_object(toy_overrides):
     allowed = {"__module__", "__qualname__", "__doc__", "__firstlineno__", "__static_attributes__", "registry_name", "Params", "make_domain_loss"}
-    allowed.add("operations")  # computed for every subclass by Method.__init_subclass__
+    allowed.update({"operations", "server_needs_torch"})  # set on every subclass by Method.__init_subclass__
     allowed.add("domain_lr_scale")  # the learning rate of the loss's own parameters (DANN's discriminator)
     for cls in (FedDANN, FedMMD):
         assert cls.__bases__ == (FeatureAlignment,)
