@@ -37,7 +37,7 @@ FLAG_TO_KEY = {
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str):  # one line, exit code 2 (argparse's default prints the whole usage)
-        self.exit(2, f"fedsim: error: {message} (see 'fedsim {self.prog.split()[-1]} --help')\n")
+        self.exit(2, f"fedsim: error: {message} (see '{self.prog} --help')\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -189,7 +189,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("fedsim").setLevel(logging.INFO)
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # name the subcommand whose --help lists the right flags
+        prog = f"fedsim {args.command}" if args.command else "fedsim"
+        parser.exit(2, f"fedsim: error: unrecognized arguments: {' '.join(unknown)} (see '{prog} --help')\n")
     if args.command is None:
         parser.print_help()
         return 2

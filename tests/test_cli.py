@@ -174,3 +174,10 @@ def test_resume_of_a_missing_run(capsys):
     assert main(["run", "--resume", "/nonexistent/run"]) == 2
     err = capsys.readouterr().err
     assert "no such run directory" in err and len(err.strip().splitlines()) == 1
+
+
+def test_an_unknown_flag_names_the_subcommands_help(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["run", "--output", "x"])
+    assert exit_info.value.code == 2
+    assert "unrecognized arguments: --output x (see 'fedsim run --help')" in capsys.readouterr().err
