@@ -19,7 +19,8 @@ from fedsim.registry import METHODS
 from fedsim.runtime import LocalExecutor, Server
 from fedsim.runtime.context import RoundContext
 from fedsim.data.base import ArraySplit
-from fedsim.methods.common.training import train_epochs, weighted_average
+from fedsim.methods.common.aggregation import weighted_average
+from fedsim.methods.common.training import train_epochs
 from fedsim.seeding import derive_seed, numpy_rng
 
 from conftest import RecordingExecutor

@@ -12,7 +12,8 @@ from fedsim.messages import Instruction
 from fedsim.methods.base import SingleExchange
 from fedsim.methods.fedbn import FedBN, initial_bn
 from fedsim.models.normalization import bn_keys
-from fedsim.methods.common.training import load_numpy, weighted_average
+from fedsim.methods.common.aggregation import weighted_average
+from fedsim.methods.common.training import load_numpy
 from fedsim.runtime import Server
 
 from conftest import RecordingExecutor, write_image_domains

@@ -7,7 +7,7 @@ from fedsim.config import load_config
 from fedsim.data.scenario import ClientInfo, Federation, build_federation, load_client_data
 from fedsim.messages import Reply
 from fedsim.methods.base import Method
-from fedsim.methods.common.training import weighted_average
+from fedsim.methods.common.aggregation import weighted_average
 from fedsim.registry import METHODS
 from fedsim.runtime import Server
 from fedsim.runtime.context import RoundContext

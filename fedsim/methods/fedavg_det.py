@@ -23,7 +23,8 @@ from fedsim.methods.base import ServerState, client_operation
 from fedsim.methods.common.detection import DetectionMethod
 from fedsim.methods.common.detection_eval import Family, Weights, with_prefix
 from fedsim.methods.common.detection_training import DetectionSet
-from fedsim.methods.common.training import load_numpy, model_to_numpy, weighted_average
+from fedsim.methods.common.aggregation import weighted_average
+from fedsim.methods.common.training import load_numpy, model_to_numpy
 from fedsim.models.detector import Detector
 from fedsim.registry import METHODS
 

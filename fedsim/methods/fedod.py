@@ -62,7 +62,8 @@ from fedsim.methods.base import ServerState, client_operation
 from fedsim.methods.common.detection import DetectionMethod, DetectionParams
 from fedsim.methods.common.detection_eval import Family, Weights, prefixed, with_prefix
 from fedsim.methods.common.detection_training import ExtraLoss
-from fedsim.methods.common.training import load_numpy, model_to_numpy, weighted_average
+from fedsim.methods.common.aggregation import weighted_average
+from fedsim.methods.common.training import load_numpy, model_to_numpy
 from fedsim.models.detector import Detector
 from fedsim.registry import METHODS
 

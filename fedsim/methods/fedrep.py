@@ -46,7 +46,8 @@ from fedsim.errors import UserError
 from fedsim.messages import Instruction, Reply
 from fedsim.methods.base import Method, ServerState, client_operation
 from fedsim.methods.common.classifier import GlobalClassifier
-from fedsim.methods.common.training import evaluate_model, load_numpy, make_optimizer, minibatches, model_to_numpy, train_epochs, weighted_average
+from fedsim.methods.common.aggregation import weighted_average
+from fedsim.methods.common.training import evaluate_model, load_numpy, make_optimizer, minibatches, model_to_numpy, train_epochs
 from fedsim.registry import METHODS
 from fedsim.seeding import derive_seed
 

@@ -1,4 +1,4 @@
-"""The one local-training loop and its pieces: weights <-> numpy, the optimizer, mini-batches, evaluation, weighted means."""
+"""The one local-training loop and its pieces: weights <-> numpy, the optimizer, mini-batches, evaluation."""
 from __future__ import annotations
 
 from typing import Callable, Iterator, Mapping, Optional
@@ -8,7 +8,6 @@ import torch
 from torch import nn
 
 from fedsim.data.base import ArraySplit
-from fedsim.methods.common.aggregation import weighted_average  # noqa: F401  (re-exported: numpy only, for torch-free servers)
 
 #: rows per forward pass when a whole split is encoded or evaluated without gradients (bounds memory)
 CHUNK = 512
