@@ -1,27 +1,17 @@
 """Diagnostic only (not a method): FedDANN whose sources receive target *inputs* and encode them with their current
 local encoder at every step (no staleness, two-sided gradient) -- isolates the constant-target-features hypothesis."""
-import sys, json
-import numpy as np
-import fedsim
+import os
+import sys
+
 from fedsim.methods.common import alignment
-from fedsim.seeding import numpy_rng
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from target_inputs import run_with  # noqa: E402
 
 class Live(alignment.AlignmentObjective):
     def __init__(self, *a, **k):
         k["encode_target"] = True
         super().__init__(*a, **k)
 
-def inputs_subset(model, x, count, seed, device, chunk=512, batch_statistics=False):
-    count = min(int(count), len(x))
-    index = np.sort(numpy_rng(seed).choice(len(x), size=count, replace=False))
-    return np.asarray(x[index], dtype=np.float32)
 
-alignment.AlignmentObjective = Live
-alignment.encode_subset = inputs_subset
-name, method, *sets = sys.argv[1:]
-overrides = {"data.target": "usps", "run.rounds": 10, "run.eval_every": 10, "data.max_train_per_domain": 1000, "method.name": method, "method.lambda_domain": 1}  # the papers' lambda, as measured
-for s in sets:
-    k, v = s.split("="); overrides[k] = v
-res = fedsim.run(config=f"experiments/configs/digits-{method}.yaml", out=f"/tmp/h15-diag/{name}", set=overrides, backend="local")
-last = [h for h in res.history if "target_accuracy" in h][-1]
-print(name, "target", round(last["target_accuracy"]*100,1), {k: round(v*100,1) for k, v in last["source_accuracy"].items()})
+run_with(Live)
