@@ -104,6 +104,21 @@ def test_atom_drift_is_zero_for_identical_versions():
     assert dil.atom_drift([(x + 1.0, logits)], (x, logits), p) > dil.atom_drift([(x + 0.5, logits)], (x, logits), p) > 0
 
 
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+def test_label_logits_step_with_lr_labels(optimizer):
+    """One step on a unit gradient: features move by lr_atoms, label logits by lr_labels (0: lr_atoms), alpha by lr_alpha."""
+    for lr_labels, expected in ((0.0, 10.0), (0.5, 0.5)):
+        p = dil.DictionaryParams(optimizer=optimizer, lr_atoms=10.0, lr_labels=lr_labels, lr_alpha=0.01)
+        x, logits, alpha = (torch.zeros(shape, requires_grad=True) for shape in ((2, 3), (2, 4), (2,)))
+        opt = dil.make_optimizer(p, 0.9, [x, logits], [alpha])
+        (x.sum() + logits.sum() + alpha.sum()).backward()
+        opt.step()
+        assert torch.allclose(x, torch.full_like(x, -10.0)) and torch.allclose(logits, torch.full_like(logits, -expected))
+        assert torch.allclose(alpha, torch.full_like(alpha, -0.01))
+    with pytest.raises(UserError, match="lr_labels"):
+        dil.DictionaryParams(lr_labels=-1.0)
+
+
 def test_client_optimizer_state_persists_across_rounds(toy_overrides):
     """Adam counts its steps: 4 after two rounds of 2 steps shows the state was carried over (SGD's momentum
     buffers travel the same way)."""

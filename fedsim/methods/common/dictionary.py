@@ -47,7 +47,8 @@ class DictionaryParams:
     # TEP mode2, seed 0, E = 1, n_b = 200, 20 rounds, mean of the last 3 rounds): Adam 0.3 + random 67.5, Adam 0.3
     # + avg 56.2, SGD 10 + avg with lr_alpha 0.01 38.5 and with lr_alpha 0.001 48.6 -> SGD 10 / 0.01 + avg.
     optimizer: str = "sgd"  # "sgd" (with method.momentum) or "adam"
-    lr_atoms: float = 10.0  # step on atom features and label logits
+    lr_atoms: float = 10.0  # step on atom features (and label logits unless lr_labels is set)
+    lr_labels: float = 0.0  # step on the atoms' label logits; 0 = lr_atoms
     lr_alpha: float = 0.01  # step on barycentric coordinates, then projection on the simplex
     beta: float = 0.0  # label-cost weight; 0 = the largest feature cost of the batch (PyDiL's rule)
     aggregation: str = "avg"  # "avg" (mean of the versions) or "random" (one client's version); both PyDiL's
@@ -68,6 +69,8 @@ class DictionaryParams:
         for name in ("samples_per_atom", "barycenter_iterations", "classifier_steps"):
             if getattr(self, name) <= 0:
                 raise UserError(f"method.{name} must be positive, got {getattr(self, name)}")
+        if self.lr_labels < 0:
+            raise UserError(f"method.lr_labels must be 0 (= lr_atoms) or positive, got {self.lr_labels}")
         if self.num_atoms < 0 or self.lr_atoms <= 0 or self.lr_alpha <= 0 or self.reg <= 0:
             raise UserError("method.num_atoms must be >= 0 and method.lr_atoms, lr_alpha, reg must be positive")
 
@@ -137,7 +140,8 @@ def gather_atoms(atoms_x: torch.Tensor, atoms_logits: torch.Tensor, idx: torch.T
 
 def make_optimizer(p: DictionaryParams, momentum: float, atoms: list, alphas: list) -> torch.optim.Optimizer:
     """SGD with the common ``method.momentum`` (default 0.9, PyDiL's example) or Adam, one lr per group."""
-    groups = [{"params": atoms, "lr": p.lr_atoms}, {"params": alphas, "lr": p.lr_alpha}]
+    features, *logits = atoms  # [atoms_x, atoms_logits]: the logits get lr_labels when it is set
+    groups = [{"params": [features], "lr": p.lr_atoms}, {"params": logits, "lr": p.lr_labels or p.lr_atoms}, {"params": alphas, "lr": p.lr_alpha}]
     if p.optimizer == "adam":
         return torch.optim.Adam(groups)
     return torch.optim.SGD(groups, momentum=momentum)
