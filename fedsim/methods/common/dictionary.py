@@ -144,8 +144,9 @@ def gather_atoms(atoms_x: torch.Tensor, atoms_logits: torch.Tensor, idx: torch.T
 
 def make_optimizer(p: DictionaryParams, momentum: float, atoms: list, alphas: list) -> torch.optim.Optimizer:
     """SGD with the common ``method.momentum`` (default 0.9, PyDiL's example) or Adam, one lr per group."""
-    features, *logits = atoms  # [atoms_x, atoms_logits]: the logits get lr_labels when it is set
-    groups = [{"params": [features], "lr": p.lr_atoms}, {"params": logits, "lr": p.lr_labels or p.lr_atoms}, {"params": alphas, "lr": p.lr_alpha}]
+    atoms_x, atoms_logits = atoms
+    groups = [{"params": [atoms_x], "lr": p.lr_atoms}, {"params": [atoms_logits], "lr": p.lr_labels or p.lr_atoms},
+              {"params": alphas, "lr": p.lr_alpha}]
     if p.optimizer == "adam":
         return torch.optim.Adam(groups)
     return torch.optim.SGD(groups, momentum=momentum)
