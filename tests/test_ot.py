@@ -93,6 +93,26 @@ def test_transport_plan_marginals():
         assert torch.allclose(plan.sum(0), torch.full((5,), 1 / 5, dtype=f64), atol=1e-6)
 
 
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_square_uniform_emd_is_solved_as_an_assignment_with_pots_plan(seed):
+    """Equal sizes and uniform weights: the exact plan is POT's network-simplex plan, a permutation / n."""
+    (xs, ys), (xt, yt) = _rand(seed, 40, 5, 3), _rand(seed + 10, 40, 5, 3)
+    cost = joint_cost(xs, xt, ys, yt, beta=2.0)
+    plan = transport_plan(cost)
+    pot_plan = ot.emd(_uniform(40), _uniform(40), cost.numpy())
+    assert np.array_equal(plan.numpy() > 0, pot_plan > 0)
+    assert plan.numpy() == pytest.approx(pot_plan, abs=1e-15)
+    assert float(wasserstein_distance(xs, xt, ys, yt, beta=2.0)) == pytest.approx(ot.emd2(_uniform(40), _uniform(40), cost.numpy()), rel=1e-12)
+
+
+def test_uneven_weights_still_go_to_the_network_simplex():
+    cost = joint_cost(_rand(3, 6, 2), _rand(4, 6, 2))
+    a = torch.tensor([0.5, 0.1, 0.1, 0.1, 0.1, 0.1], dtype=f64)
+    plan = transport_plan(cost, a=a)
+    assert torch.allclose(plan.sum(1), a) and int((plan > 0).sum()) > 6  # not a permutation: row 0 splits its mass
+    assert plan.numpy() == pytest.approx(ot.emd(a.numpy(), _uniform(6), cost.numpy()), abs=1e-15)
+
+
 def test_gradcheck_wasserstein_emd():
     (xs, ys), (xt, yt) = _rand(15, 6, 2, 3), _rand(16, 5, 2, 3)
     xs.requires_grad_()

@@ -12,8 +12,10 @@ envelope theorem is a (sub)gradient of W_2^2 -- the way DaDiL optimizes atoms.
 """
 from __future__ import annotations
 
+import numpy as np
 import ot
 import torch
+from scipy.optimize import linear_sum_assignment
 
 SOLVERS = ("emd", "sinkhorn", "sinkhorn_log")
 _EMD_MAX_ITER = 1_000_000  # POT's default (1e5) can stop early for n ~ 1000
@@ -96,7 +98,10 @@ def transport_plan(cost: torch.Tensor, a=None, b=None, solver: str = "emd", reg:
                    normalize_cost: bool = True, max_iter: int = 1000) -> torch.Tensor:
     """Optimal plan for ``cost`` between weights a, b (uniform by default), without gradient.
 
-    "emd": exact network simplex (``ot.emd``). "sinkhorn" / "sinkhorn_log":
+    "emd": exact network simplex (``ot.emd``); with uniform weights on two equal-sized supports (both ``a`` and
+    ``b`` None: DaDiL's mini-batches and atoms) the same linear program is an assignment problem, whose optimum
+    is a permutation (Birkhoff-von Neumann), solved exactly by scipy's ``linear_sum_assignment`` about 2-4 times
+    faster (:func:`assignment_plan`). "sinkhorn" / "sinkhorn_log":
     entropic OT (Cuturi 2013) via ``ot.sinkhorn(..., method=solver)``, on
     C / max(C) when ``normalize_cost`` so ``reg`` is scale-free, at most
     ``max_iter`` Sinkhorn iterations (POT warns if it stops unconverged). The solve runs
@@ -105,6 +110,8 @@ def transport_plan(cost: torch.Tensor, a=None, b=None, solver: str = "emd", reg:
     _check_solver(solver, reg)
     if cost.dim() != 2 or 0 in cost.shape:
         raise ValueError(f"cost must be a non-empty 2-D matrix, got shape {tuple(cost.shape)}")
+    if solver == "emd" and a is None and b is None and cost.shape[0] == cost.shape[1]:
+        return assignment_plan(cost)
     a = check_weights(a, cost.shape[0], cost, "a")
     b = check_weights(b, cost.shape[1], cost, "b")
     with torch.no_grad():
@@ -118,6 +125,20 @@ def transport_plan(cost: torch.Tensor, a=None, b=None, solver: str = "emd", reg:
                 c64 = c64 / scale
             plan = ot.sinkhorn(a64, b64, c64, reg, method=solver, numItermax=max_iter)
     return plan.to(cost.dtype)
+
+
+def assignment_plan(cost: torch.Tensor) -> torch.Tensor:
+    """Exact OT plan between two uniform distributions of n points each: 1/n on an optimal assignment.
+
+    The same optimum as ``ot.emd`` (a vertex of the transport polytope is a permutation matrix / n); with ties
+    the two solvers may pick different optimal plans of equal cost. Detached, in ``cost``'s dtype and device.
+    """
+    n = cost.shape[0]
+    with torch.no_grad():
+        rows, cols = linear_sum_assignment(cost.detach().to(torch.float64).cpu().numpy())
+        plan = torch.zeros(n, n, dtype=cost.dtype, device=cost.device)
+        plan[torch.from_numpy(rows).to(cost.device), torch.from_numpy(np.asarray(cols)).to(cost.device)] = 1.0 / n
+    return plan
 
 
 def wasserstein_distance(xs: torch.Tensor, xt: torch.Tensor, ys=None, yt=None, a=None, b=None,
