@@ -71,7 +71,7 @@ def test_scale_rejects_a_too_short_flatness_run():
     assert result.returncode == 2 and "--flat-rounds must be at least 70" in result.stderr
 
 
-def test_feddadil_ot_reports_the_pot_share(toy_root, tmp_path):
+def test_feddadil_ot_reports_the_ot_share(toy_root, tmp_path):
     out = _run("experiments.benchmarks.feddadil_ot", "--benchmark", "npz", "--target", "dom1", "--rounds", "2",
                "--set", f"data.root={toy_root}", "--set", f"data.cache_dir={tmp_path}", "--set", "method.samples_per_atom=20", "--set", "method.batch_size=16")
     rows = re.findall(r"^\s*(\d+)\s+(\S+)\s+" + NUMBER + r"\s+" + NUMBER + r"\s+(\d+)\s+" + NUMBER + "%", out, re.M)
@@ -79,6 +79,6 @@ def test_feddadil_ot_reports_the_pot_share(toy_root, tmp_path):
     for _, _, seconds, pot, calls, share in rows:
         assert float(seconds) > 0 and 0 <= float(pot) <= float(seconds) + 0.01 and int(calls) >= 0
         assert abs(float(share) - 100 * float(pot) / float(seconds)) <= 0.1 + 100 * 0.01 / float(seconds)
-    total = re.search(r"dictionary rounds without evaluation: " + NUMBER + " % of the time inside POT calls", out)
+    total = re.search(r"dictionary rounds without evaluation: " + NUMBER + " % of the time inside OT calls", out)
     assert total and 0 < float(total.group(1)) <= 100, out
-    assert any(r[1] == "dictionary" and int(r[4]) > 0 for r in rows)  # the dictionary rounds do call POT
+    assert any(r[1] == "dictionary" and int(r[4]) > 0 for r in rows)  # the dictionary rounds do solve OT problems

@@ -1,4 +1,4 @@
-"""The share of a FedDaDiL round spent inside POT (optimal transport solver calls).
+"""The share of a FedDaDiL round spent inside optimal transport solver calls (POT, and scipy's assignment).
 
 Runs FedDaDiL on the local backend and times every call into POT made by
 ``fedsim.ot`` (``ot.emd``, ``ot.sinkhorn``, ``ot.dist``) against the rounds'
@@ -7,10 +7,12 @@ wall time, and, separately, the per-round drift metrics (``atom_drift`` and
 TEP benchmark (6 modes, target mode2) with the spec's PyDiL settings
 (n = 500, n_b = 200, E = 5).
 
-Measured 2026-12-01 (2-core machine shared with three other jobs, load about 6),
-``--rounds 2`` with n_b = 200, E = 5: a dictionary round took 37.1 s, 77.5 % of it
-inside POT calls (5426 calls); the evaluation round (DaDiL-R and -E classifiers)
-adds about 105 s that are not OT. See docs/feddadil.md.
+Square problems with uniform weights (every mini-batch and atom comparison of DaDiL) are solved exactly as an
+assignment (scipy's ``linear_sum_assignment``, timed with the POT calls). Measured 2026-12-01, ``--rounds 3``,
+n_b = 200, E = 5, one torch thread, back to back beside a 2-trial ``fedsim reproduce`` (load about 3): before
+(``ot.emd`` everywhere, commit 4bdda8a) a dictionary round took 10.4 s, 79 % inside POT; after, 5.8 s, 67 % inside
+OT calls (12 % of the round in the drift metrics); the evaluation round (DaDiL-R and -E classifiers) adds about 17 s
+that are not OT. On the idle machine before the change: 13.7 s a round under cProfile. See docs/feddadil.md.
 
     python -m experiments.benchmarks.feddadil_ot [--benchmark tep --target mode2 --rounds 3]
 """
@@ -72,17 +74,17 @@ def main() -> None:
 
 def report(args, per_round: list) -> None:
     """The per-round table and the dictionary rounds' POT and drift shares."""
-    print(f"FedDaDiL POT share, {args.benchmark} -> {args.target}, {machine()}")
-    print(f"{'round':>5s} {'stage':>10s} {'round s':>8s} {'POT s':>7s} {'calls':>6s} {'share':>6s} {'drift s':>8s}")
+    print(f"FedDaDiL OT share, {args.benchmark} -> {args.target}, {machine()}")
+    print(f"{'round':>5s} {'stage':>10s} {'round s':>8s} {'OT s':>7s} {'calls':>6s} {'share':>6s} {'drift s':>8s}")
     for rnd, stage, seconds, pot, calls, drift in per_round:
         note = "  (includes DaDiL-R/E evaluation)" if rnd == len(per_round) else ""
         print(f"{rnd:5d} {str(stage):>10s} {seconds:8.2f} {pot:7.2f} {calls:6d} {100 * pot / seconds:5.1f}% {drift:8.2f}{note}")
     train = [r for r in per_round[:-1] if r[1] == "dictionary"]
     if train:
         share = sum(r[3] for r in train) / sum(r[2] for r in train)
-        print(f"dictionary rounds without evaluation: {100 * share:.1f} % of the time inside POT calls")
+        print(f"dictionary rounds without evaluation: {100 * share:.1f} % of the time inside OT calls (POT and linear_sum_assignment)")
         drift = sum(r[5] for r in train) / sum(r[2] for r in train)
-        print(f"of which the drift metrics (atom_drift, atom_dispersion; their POT calls included): {100 * drift:.1f} % of the time")
+        print(f"of which the drift metrics (atom_drift, atom_dispersion; their OT calls included): {100 * drift:.1f} % of the time")
 
 
 def timed(function, spent: dict, seconds_key: str, calls_key: str = ""):
