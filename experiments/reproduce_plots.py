@@ -47,8 +47,9 @@ def plot_final(spec: PaperSpec, lines: list[dict], bench: str, path: Path) -> Pa
     return _save(fig, [ax], path, "target domain", "final target metric")
 
 
-def _by_round(records: list[dict], key: str) -> tuple[list[int], list[float]]:
-    """Mean over the records (seeds) of a per-round metric, rounds where it is reported."""
+def _by_round(records: list[dict], key: str) -> tuple[list[int], list[float], list[float]]:
+    """Mean and sample std (0 for one seed) over the records (seeds) of a per-round metric, rounds where it is
+    reported."""
     values: dict[int, list[float]] = {}
     for record in records:
         for row in record.get("round_metrics", []):
@@ -56,7 +57,8 @@ def _by_round(records: list[dict], key: str) -> tuple[list[int], list[float]]:
             if value is not None and "round" in row:
                 values.setdefault(int(row["round"]), []).append(value)
     rounds = sorted(values)
-    return rounds, [float(np.mean(values[r])) for r in rounds]
+    spread = [float(np.std(values[r], ddof=1)) if len(values[r]) > 1 else 0.0 for r in rounds]
+    return rounds, [float(np.mean(values[r])) for r in rounds], spread
 
 
 def _records_of(spec: PaperSpec, records: list[dict], run: str, bench: str, target: str) -> list[dict]:
@@ -66,7 +68,8 @@ def _records_of(spec: PaperSpec, records: list[dict], run: str, bench: str, targ
 
 def plot_rounds(spec: PaperSpec, records: list[dict], bench: str, target_list: list[str], runs: list[str], key: str,
                 path: Path, split: bool = False, title: str = "") -> Path:
-    """One panel per target, one line per run (per sub-key of ``key`` with ``split``), mean over seeds."""
+    """One panel per target, one line per run (per sub-key of ``key`` with ``split``): the mean over seeds, in a
+    shaded band of +- one sample std where there are several seeds."""
     from matplotlib.ticker import MaxNLocator
 
     fig, axes = _panels(len(target_list))
@@ -75,10 +78,13 @@ def plot_rounds(spec: PaperSpec, records: list[dict], bench: str, target_list: l
             members = _records_of(spec, records, run, bench, target)
             keys = sorted({k for r in members for row in r.get("round_metrics", []) for k in row if k.startswith(key + "/")})
             for sub in (keys if split and keys else [key]):
-                rounds, values = _by_round(members, sub)
+                rounds, values, spread = _by_round(members, sub)
                 if rounds:
                     label = run if sub == key else f"{run} {sub[len(key) + 1:]}"
-                    ax.plot(rounds, values, marker="o", ms=3, label=label)
+                    (line,) = ax.plot(rounds, values, marker="o", ms=3, label=label)
+                    if any(spread):
+                        low, high = np.subtract(values, spread), np.add(values, spread)
+                        ax.fill_between(rounds, low, high, color=line.get_color(), alpha=0.2, linewidth=0)
         ax.set_title(f"{bench} -> {target}: {title or key}")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     return _save(fig, axes, path, "round", key)

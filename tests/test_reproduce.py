@@ -198,3 +198,16 @@ def test_fada_quick_end_to_end_then_resume(tmp_path, ray_cluster, capsys):
     assert (out / "table.md").read_text() == table_text
     assert main(["reproduce", "-q", "--spec", str(spec_file), "--quick", "--out", str(out)]) == 2
     assert "already holds a reproduction: pass --resume" in capsys.readouterr().err
+
+
+def test_round_curves_average_the_seeds_and_spread_by_their_sample_std():
+    """The series plots' line is the mean over seeds and the shaded band +- the sample std (0 with one seed);
+    a per-client metric (dil_loss/<client>) is first averaged over the clients of each round."""
+    from experiments.reproduce_plots import _by_round
+
+    seeds = [{"round_metrics": [{"round": 1, "dil_loss/0": 10.0, "dil_loss/1": 20.0}, {"round": 2, "dil_loss/0": 4.0, "dil_loss/1": 6.0}]},
+             {"round_metrics": [{"round": 1, "dil_loss/0": 30.0, "dil_loss/1": 40.0}, {"round": 2, "dil_loss/0": 6.0, "dil_loss/1": 8.0}]}]
+    rounds, mean, spread = _by_round(seeds, "dil_loss")
+    assert rounds == [1, 2] and mean == [25.0, 6.0]
+    assert spread == pytest.approx([2 ** 0.5 * 10, 2 ** 0.5])  # sample std of (15, 35) and (5, 7)
+    assert _by_round(seeds[:1], "dil_loss")[2] == [0.0, 0.0]
