@@ -3,7 +3,10 @@ run, every atom's hard labels (argmax of its soft labels) counted per class, the
 client's DaDiL-R and -E accuracy next to its alpha (clients in id order; the target's line is evaluation
 only, as in the tables).
 
-    python results/feddadil-protocol/atom_labels_probe.py dadil tep mode2 [seed]
+    python results/feddadil-protocol/atom_labels_probe.py dadil tep mode2 [seed] [--sgd-alpha]
+
+--sgd-alpha (a probe of the suspected cause, no library change): the atoms keep the method's optimizer, the
+barycentric coordinates take SGD (method.momentum, lr_alpha) as FedDaDiL's clients do.
 """
 import sys
 
@@ -32,7 +35,39 @@ def evaluate_and_describe(tensors, alpha, test_x, test_y, p, seed):
     return metrics
 
 
+class AtomsAndAlphaOptimizers:
+    """Two optimizers behind one optimizer's interface: the method's for the atoms, SGD for alpha."""
+
+    def __init__(self, atoms_optimizer, alpha_optimizer):
+        self.parts = (atoms_optimizer, alpha_optimizer)
+
+    def zero_grad(self, set_to_none=True):
+        for part in self.parts:
+            part.zero_grad(set_to_none=set_to_none)
+
+    def step(self):
+        for part in self.parts:
+            part.step()
+
+    def state_dict(self):
+        return [part.state_dict() for part in self.parts]
+
+    def load_state_dict(self, states):
+        for part, state in zip(self.parts, states):
+            part.load_state_dict(state)
+
+
+def optimizer_with_sgd_alpha(p, momentum, atoms, alphas):
+    atoms_x, atoms_logits = atoms
+    groups = [{"params": [atoms_x], "lr": p.lr_atoms}, {"params": [atoms_logits], "lr": p.lr_labels or p.lr_atoms}]
+    atoms_optimizer = torch.optim.Adam(groups) if p.optimizer == "adam" else torch.optim.SGD(groups, momentum=momentum)
+    return AtomsAndAlphaOptimizers(atoms_optimizer, torch.optim.SGD(alphas, lr=p.lr_alpha, momentum=momentum))
+
+
 dil.evaluate_predictors = evaluate_and_describe
+if "--sgd-alpha" in sys.argv:
+    sys.argv.remove("--sgd-alpha")
+    dil.make_optimizer = optimizer_with_sgd_alpha
 method, bench, target = sys.argv[1:4]
 seed = sys.argv[4] if len(sys.argv) > 4 else "0"
 config = load_config(None, [f"data.benchmark={bench}", f"data.target={target}", f"method.name={method}", "run.rounds=20",
