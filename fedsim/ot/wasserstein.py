@@ -12,7 +12,6 @@ envelope theorem is a (sub)gradient of W_2^2 -- the way DaDiL optimizes atoms.
 """
 from __future__ import annotations
 
-import numpy as np
 import ot
 import torch
 from scipy.optimize import linear_sum_assignment
@@ -133,11 +132,9 @@ def assignment_plan(cost: torch.Tensor) -> torch.Tensor:
     The same optimum as ``ot.emd`` (a vertex of the transport polytope is a permutation matrix / n); with ties
     the two solvers may pick different optimal plans of equal cost. Detached, in ``cost``'s dtype and device.
     """
-    n = cost.shape[0]
-    with torch.no_grad():
-        rows, cols = linear_sum_assignment(cost.detach().to(torch.float64).cpu().numpy())
-        plan = torch.zeros(n, n, dtype=cost.dtype, device=cost.device)
-        plan[torch.from_numpy(rows).to(cost.device), torch.from_numpy(np.asarray(cols)).to(cost.device)] = 1.0 / n
+    rows, cols = linear_sum_assignment(cost.detach().cpu().double().numpy())
+    plan = torch.zeros_like(cost, requires_grad=False)
+    plan[torch.as_tensor(rows, device=cost.device), torch.as_tensor(cols, device=cost.device)] = 1.0 / cost.shape[0]
     return plan
 
 
