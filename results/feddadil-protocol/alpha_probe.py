@@ -13,7 +13,7 @@ import torch
 import fedsim.methods.common.dictionary as dil
 import fedsim.methods.feddadil as fd
 from fedsim.api import run_experiment
-from fedsim.config import load_config
+from probe_config import probe_config
 
 torch.set_num_threads(1)
 results = {}
@@ -69,9 +69,7 @@ fd.FedDaDiL.evaluate = evaluate_three_ways
 bench, target = sys.argv[1], sys.argv[2]
 seed = sys.argv[3] if len(sys.argv) > 3 and not sys.argv[3].startswith("--") else "0"
 extra = [a for a in sys.argv[3:] if "=" in a]
-config = load_config(None, [f"data.benchmark={bench}", f"data.target={target}", "method.name=feddadil", "run.rounds=20",
-    "method.batch_size=200", "method.local_epochs=5", "run.eval_every=20", "run.backend=local", "run.progress=false",
-    "run.tensorboard=false", "run.checkpoint_every=0", f"run.seed={seed}"] + extra)
+config = probe_config(bench, target, "feddadil", seed=seed, extra=extra)
 run_experiment(config)
 for way in ("global", "own atoms", "alpha refit"):
     r = np.mean([v[way][0] for v in results.values()])

@@ -16,8 +16,8 @@ import torch
 
 import fedsim.methods.common.dictionary as dil
 from fedsim.api import run_experiment
-from fedsim.config import load_config
 from fedsim.ot.wasserstein import wasserstein_distance
+from probe_config import probe_config
 
 torch.set_num_threads(1)
 original = dil.evaluate_predictors
@@ -76,8 +76,6 @@ epochs = args[args.index("--epochs") + 1] if "--epochs" in args else "5"
 method, bench, target = args[:3]
 seed = args[3] if len(args) > 3 and not args[3].startswith("--") else "0"
 extra = [args[i + 1] for i, a in enumerate(args) if a == "--set"]
-config = load_config(None, [f"data.benchmark={bench}", f"data.target={target}", f"method.name={method}", f"run.rounds={rounds}",
-    "method.batch_size=200", f"method.local_epochs={epochs}", f"run.eval_every={rounds}", "run.backend=local", "run.progress=false",
-    "run.tensorboard=false", "run.checkpoint_every=0", f"run.seed={seed}", *extra])
+config = probe_config(bench, target, method, rounds=int(rounds), epochs=int(epochs), seed=seed, extra=extra)
 run_experiment(config)
 summary()

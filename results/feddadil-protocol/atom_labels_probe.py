@@ -15,7 +15,7 @@ import torch
 
 import fedsim.methods.common.dictionary as dil
 from fedsim.api import run_experiment
-from fedsim.config import load_config
+from probe_config import probe_config
 
 torch.set_num_threads(1)
 original = dil.evaluate_predictors
@@ -70,7 +70,5 @@ if "--sgd-alpha" in sys.argv:
     dil.make_optimizer = optimizer_with_sgd_alpha
 method, bench, target = sys.argv[1:4]
 seed = sys.argv[4] if len(sys.argv) > 4 else "0"
-config = load_config(None, [f"data.benchmark={bench}", f"data.target={target}", f"method.name={method}", "run.rounds=20",
-    "method.batch_size=200", "method.local_epochs=5", "run.eval_every=20", "run.backend=local", "run.progress=false",
-    "run.tensorboard=false", "run.checkpoint_every=0", f"run.seed={seed}"])
+config = probe_config(bench, target, method, seed=seed)
 run_experiment(config)

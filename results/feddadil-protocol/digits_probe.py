@@ -7,7 +7,7 @@ soft label. Every 10th loss call is printed.
 import logging, sys, torch
 import fedsim.methods.common.dictionary as dil
 from fedsim.api import run_experiment
-from fedsim.config import load_config
+from probe_config import probe_config
 
 torch.set_num_threads(1)
 log = []
@@ -25,9 +25,7 @@ def probe(atoms_x, atoms_logits, alpha, x, y, p):
 dil.dil_loss = probe
 bench, target = sys.argv[1], sys.argv[2]
 extra = sys.argv[3:]
-config = load_config(None, [f"data.benchmark={bench}", f"data.target={target}", "method.name=feddadil", "run.rounds=6",
-    "method.batch_size=200", "method.local_epochs=5", "run.eval_every=100", "run.backend=local", "run.progress=false",
-    "run.tensorboard=false", "run.checkpoint_every=0", "data.max_train_per_domain=400"] + extra)
+config = probe_config(bench, target, "feddadil", rounds=6, eval_every=100, extra=["data.max_train_per_domain=400", *extra])
 run_experiment(config)
 print("loss  featW  beta  |x|^2  |xb|^2  |atom|^2  maxsoft")
 for i, row in enumerate(log):
