@@ -1,5 +1,5 @@
 # make run   create .venv if missing, install with pinned versions, run the default experiment
-# make test  same set-up, then the test suite
+# make test  same set-up, then the formatter and linter checks, then the test suite
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -19,6 +19,8 @@ run: $(STAMP)
 	$(VENV)/bin/fedsim run $(ARGS)
 
 test: $(STAMP)
+	$(VENV)/bin/ruff format --check --quiet .
+	$(VENV)/bin/ruff check --quiet .
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
 clean:

@@ -1,4 +1,5 @@
 """Start or join a Ray cluster and create the actors of one run (the server behind a forwarding proxy)."""
+
 from __future__ import annotations
 
 import logging
@@ -27,7 +28,9 @@ def check_reachable(address: str) -> None:
         return
     host, _, port = address.rpartition(":")
     if not host or not port.isdigit():
-        raise UserError(f"bad cluster address {address!r}: use host:port (e.g. 10.0.0.5:6379), 'auto', or omit --address for a local cluster")
+        raise UserError(
+            f"bad cluster address {address!r}: use host:port (e.g. 10.0.0.5:6379), 'auto', or omit --address for a local cluster"
+        )
     try:
         with socket.create_connection((host, int(port)), timeout=5):
             pass
@@ -70,7 +73,9 @@ def plan_actors(config, federation) -> tuple[int, dict[int, int], float]:
     gpus_per_client = config.resources.gpus_per_client
     if gpus_per_client > 0 and resources.get("GPU", 0) == 0:
         warnings.warn(
-            f"--gpus-per-client {gpus_per_client} asked for GPUs but the Ray cluster has none: running on CPU", RuntimeWarning, stacklevel=2
+            f"--gpus-per-client {gpus_per_client} asked for GPUs but the Ray cluster has none: running on CPU",
+            RuntimeWarning,
+            stacklevel=2,
         )
         log.warning("the Ray cluster has no GPUs: client actors run on CPU")
         gpus_per_client = 0.0
@@ -94,8 +99,13 @@ def start_server(config, federation) -> RemoteServer:
     spec = ActorSpec(config, federation, hosted, "cuda" if gpus > 0 else "cpu", config.resources.cpus_per_client, gpus)
     client_actors = [spec.create(index) for index in range(count)]
     executor = RayExecutor(
-        client_actors, spec, max_restarts=settings.max_restarts, inject_faults=settings.inject_faults, seed=config.run.seed,
-        rounds=config.run.rounds, call_timeout=settings.call_timeout_s,
+        client_actors,
+        spec,
+        max_restarts=settings.max_restarts,
+        inject_faults=settings.inject_faults,
+        seed=config.run.seed,
+        rounds=config.run.rounds,
+        call_timeout=settings.call_timeout_s,
     )
     state = None
     if not METHODS.get(config.method.name).server_needs_torch:  # the server actor stays free of torch

@@ -4,6 +4,7 @@ It builds its clients' data itself from (benchmark config, client id), keeps
 their private state across rounds, and returns only Replies: raw inputs,
 labels and private state never leave it.
 """
+
 from __future__ import annotations
 
 import logging

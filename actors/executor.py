@@ -16,11 +16,11 @@ the same instructions and seeds: the result equals an undisturbed run. After
 ``max_restarts`` failed attempts the call's clients are dropped for this
 operation and the event is recorded (``failure_events``).
 """
+
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-
 
 import ray
 from ray.exceptions import RayActorError
@@ -54,11 +54,19 @@ class ActorSpec:
 
 class RayExecutor(Executor):
     def __init__(
-        self, actors: list, spec: ActorSpec, max_restarts: int = 3, inject_faults: int = 0, seed: int = 0, rounds: int = 1,
+        self,
+        actors: list,
+        spec: ActorSpec,
+        max_restarts: int = 3,
+        inject_faults: int = 0,
+        seed: int = 0,
+        rounds: int = 1,
         call_timeout: float = 0.0,
     ):
         super().__init__()
-        self.call_timeout = call_timeout  # seconds without any reply before the slowest call counts as failed (0: never)
+        self.call_timeout = (
+            call_timeout  # seconds without any reply before the slowest call counts as failed (0: never)
+        )
         self.actors = list(actors)
         self.spec = spec
         self.assignment = {cid: index for index, ids in enumerate(spec.hosted) for cid in ids}
@@ -85,7 +93,9 @@ class RayExecutor(Executor):
             if key not in payload_index:
                 payload_index[key] = len(payload_refs)
                 payload_refs.append(ray.put(dict(ins.tensors)))
-            batches.setdefault(self.assignment[cid], []).append((cid, ins.operation, payload_index[key], dict(ins.config)))
+            batches.setdefault(self.assignment[cid], []).append(
+                (cid, ins.operation, payload_index[key], dict(ins.config))
+            )
         pending = {}
         for index, batch in sorted(batches.items()):
             replies_ref, states_ref = self.actors[index].execute.options(num_returns=2).remote(batch, *payload_refs)
@@ -100,7 +110,9 @@ class RayExecutor(Executor):
             done, _ = ray.wait(list(pending), num_returns=1, timeout=self.call_timeout or None)
             if not done:  # a call that hangs is treated like a dead actor: kill, recreate, redo
                 ref = next(iter(pending))
-                log.warning("client actor %d gave no reply for %.0f s: restarting it", pending[ref][0], self.call_timeout)
+                log.warning(
+                    "client actor %d gave no reply for %.0f s: restarting it", pending[ref][0], self.call_timeout
+                )
                 ray.kill(self.actors[pending[ref][0]], no_restart=True)
                 done = [ref]
             index, states_ref = pending.pop(done[0])
@@ -111,12 +123,16 @@ class RayExecutor(Executor):
                 clients = [item[0] for item in batches[index]]
                 if attempts[index] > self.max_restarts:
                     self.failure_events.append({"round": rnd, "clients": clients, "error": type(exc).__name__})
-                    log.error("clients %s failed %d times in round %d: continuing without them", clients, attempts[index], rnd)
+                    log.error(
+                        "clients %s failed %d times in round %d: continuing without them", clients, attempts[index], rnd
+                    )
                     self.actors[index] = self._recreate(index)
                     continue
                 log.warning("client actor %d died (%s): recreating it and redoing its work", index, type(exc).__name__)
                 self.actors[index] = self._recreate(index)
-                replies_ref, states_ref = self.actors[index].execute.options(num_returns=2).remote(batches[index], *payload_refs)
+                replies_ref, states_ref = (
+                    self.actors[index].execute.options(num_returns=2).remote(batches[index], *payload_refs)
+                )
                 pending[replies_ref] = (index, states_ref)
                 continue
             for item in batches[index]:
@@ -135,7 +151,11 @@ class RayExecutor(Executor):
         replay = [(cid, ins) for cid in hosted for ins in self.replay.get(cid, [])]
         if replay:
             refs = [ray.put(dict(ins.tensors)) for _, ins in replay]
-            ray.get(actor.execute.remote([(cid, ins.operation, i, dict(ins.config)) for i, (cid, ins) in enumerate(replay)], *refs))
+            ray.get(
+                actor.execute.remote(
+                    [(cid, ins.operation, i, dict(ins.config)) for i, (cid, ins) in enumerate(replay)], *refs
+                )
+            )
         state_refs = list(dict.fromkeys(self.state_refs[cid] for cid in hosted if cid in self.state_refs))
         if state_refs:
             ray.get(actor.import_state_objects.remote(list(hosted), *state_refs))

@@ -1,4 +1,5 @@
 """The server on Ray: a :class:`fedsim.runtime.server.Server` in an actor, behind one generic forwarding proxy."""
+
 from __future__ import annotations
 
 import ray
@@ -19,7 +20,9 @@ class RemoteServer:
         first call, which Ray runs before any later one (the actor's calls from this process run in order)."""
         self.client_actors = client_actors
         self.assignment = assignment  # client id -> index of the actor that hosts it
-        self.actor = ray.remote(Server).options(num_cpus=0).remote(config, federation, executor, None if state is None else {})
+        self.actor = (
+            ray.remote(Server).options(num_cpus=0).remote(config, federation, executor, None if state is None else {})
+        )
         self._handed = [] if state is None else [self.actor.__ray_call__.remote(_set_state, state)]
 
     def __getattr__(self, name: str):

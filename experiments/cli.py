@@ -3,6 +3,7 @@
 Bad input ends with one line naming the problem and the fix, exit code 2, before anything is written
 (numeric flags are range-checked by :mod:`experiments.flags`, the same rule for every command).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -43,7 +44,9 @@ class _Parser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="fedsim", description="Federated domain adaptation simulator")
     sub = parser.add_subparsers(dest="command", parser_class=_Parser)
-    run = sub.add_parser("run", help="run one experiment (default: FedAvg on embedded digits, target mnistm, Ray backend)")
+    run = sub.add_parser(
+        "run", help="run one experiment (default: FedAvg on embedded digits, target mnistm, Ray backend)"
+    )
     run.add_argument("--config", help="YAML config file (sections data, model, method, run, resources)")
     run.add_argument("--method", help="method name (see 'fedsim list')")
     run.add_argument("--benchmark", help="benchmark name (see 'fedsim list')")
@@ -53,21 +56,35 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--clients-per-domain", help="split each domain across K clients")
     run.add_argument("--seed", help="root seed of the run")
     run.add_argument("--backend", help="ray (default) or local (serial, for debugging)")
-    run.add_argument("--address", help="join an existing Ray cluster (host:port or auto); default: a fresh local cluster")
+    run.add_argument(
+        "--address", help="join an existing Ray cluster (host:port or auto); default: a fresh local cluster"
+    )
     run.add_argument("--cpus-per-client", help="CPUs each client actor requests (fractions allowed)")
     run.add_argument("--gpus-per-client", help="GPUs each client actor requests (fractions allowed)")
     run.add_argument("--clients-per-round", help="clients sampled per round: a count, or a fraction in (0, 1)")
     run.add_argument("--sources", help="comma-separated source domains (default: every domain but the target)")
-    run.add_argument("--inject-faults", help="Ray backend: kill this many client actors at seeded rounds (recovery demo)")
+    run.add_argument(
+        "--inject-faults", help="Ray backend: kill this many client actors at seeded rounds (recovery demo)"
+    )
     run.add_argument("--resume", metavar="RUN_DIR", help="continue an interrupted run from its last checkpoint")
     run.add_argument("--out", help="run directory (default runs/<date>-<method>-<benchmark>-<target>)")
-    run.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE", help="override any config key, e.g. method.lr=0.01")
+    run.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help="override any config key, e.g. method.lr=0.01",
+    )
     run.add_argument("-q", "--quiet", action="store_true", help="no progress bar and no table")
     sub.add_parser("list", help="list methods (with their task), benchmarks and their domains")
     from experiments import report, reproduce, sweep  # light imports: Ray and matplotlib load only when a command runs
 
-    sweep.add_arguments(sub.add_parser("sweep", help="Ray Tune grid over methods x local epochs x seeds (x any --set list)"))
-    reproduce.add_arguments(sub.add_parser("reproduce", help="run a paper's protocol (a spec: grid + claims) as Ray Tune trials"))
+    sweep.add_arguments(
+        sub.add_parser("sweep", help="Ray Tune grid over methods x local epochs x seeds (x any --set list)")
+    )
+    reproduce.add_arguments(
+        sub.add_parser("reproduce", help="run a paper's protocol (a spec: grid + claims) as Ray Tune trials")
+    )
     report.add_arguments(sub.add_parser("report", help="plots and a markdown table for a run or a sweep directory"))
     return parser
 
@@ -104,7 +121,9 @@ def format_table(summary: dict, out_dir: Path) -> str:
     for domain, acc in sorted(summary["source_accuracy"].items()):
         rows.append((domain, "source", f"{acc:.4f}"))
     widths = [max(len(r[i]) for r in rows) for i in range(3)]
-    lines = [f"{summary['method']} on {summary['benchmark']}, {summary['rounds']} rounds, {summary['backend']} backend, seed {summary['seed']}"]
+    lines = [
+        f"{summary['method']} on {summary['benchmark']}, {summary['rounds']} rounds, {summary['backend']} backend, seed {summary['seed']}"
+    ]
     for i, row in enumerate(rows):
         lines.append("  ".join(cell.ljust(w) for cell, w in zip(row, widths)))
         if i == 0:
@@ -128,7 +147,9 @@ def cmd_run(args) -> int:
 
         given = [k for k, v in vars(args).items() if k not in RESUME_COMPATIBLE and v not in (None, [], False)]
         if given:
-            raise UserError(f"--resume continues a run with its saved config: drop --{given[0].replace('_', '-')} (only --backend and --address may change)")
+            raise UserError(
+                f"--resume continues a run with its saved config: drop --{given[0].replace('_', '-')} (only --backend and --address may change)"
+            )
         out_dir = Path(args.resume)
         payload = load_checkpoint(out_dir)
         overrides = [f"{FLAG_TO_KEY[f]}={getattr(args, f)}" for f in ("backend", "address") if getattr(args, f)]
@@ -164,12 +185,19 @@ def cmd_list() -> int:
             domains = ", ".join(benchmark.domains())
         except UserError as exc:
             domains = f"(user files: {exc})"
-        print(f"  {name:{width}s} {type(benchmark).task:14s} {type(benchmark).description()}\n  {'':{width}s} domains: {domains}")
+        print(
+            f"  {name:{width}s} {type(benchmark).task:14s} {type(benchmark).description()}\n  {'':{width}s} domains: {domains}"
+        )
     return 0
 
 
 #: command -> its function, or the module whose ``run(args)`` it is (imported only when it runs)
-COMMANDS = {"run": cmd_run, "sweep": "experiments.sweep", "reproduce": "experiments.reproduce", "report": "experiments.report"}
+COMMANDS = {
+    "run": cmd_run,
+    "sweep": "experiments.sweep",
+    "reproduce": "experiments.reproduce",
+    "report": "experiments.report",
+}
 #: numeric flags that take comma lists, per command
 LIST_FLAGS = {"sweep": ("local_epochs", "seeds", "cpus_per_client", "gpus_per_client"), "reproduce": ("seeds",)}
 

@@ -4,6 +4,7 @@
 all end the same way: one line naming the flag, the allowed range and the value, exit code 2,
 before anything is written or started.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -57,6 +58,6 @@ def check_numeric_flags(args: argparse.Namespace, lists: tuple[str, ...] = ()) -
             continue
         if flag not in lists and "," in str(text):
             continue  # a list where one value goes: the command says how to sweep it
-        for item in (str(text).split(",") if flag in lists else [text]):
+        for item in str(text).split(",") if flag in lists else [text]:
             if item.strip():
                 check_number(flag, item.strip())

@@ -7,6 +7,7 @@ A refactoring that must not change results records before and checks after: the 
 run's summary (wall time left out), every evaluated round's metrics (timings left out) and a hash of
 the final global tensors, and prints every difference.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -20,12 +21,24 @@ import numpy as np
 
 TOY_SHAPES = {"vectors": (3, 150, 8, 3), "images": (3, 120, 3)}
 DETECTION_TINY = [
-    "data.benchmark=scenes", "data.variant=tiny", "data.target=dusk", "data.sources=server,farm", "run.rounds=1",
-    "method.batch_size=4", "method.lr=0.01", "method.width=4", "method.fpn_channels=8", "method.head_convs=1",
-    "method.base_iters=2", "method.client_iters=1",
+    "data.benchmark=scenes",
+    "data.variant=tiny",
+    "data.target=dusk",
+    "data.sources=server,farm",
+    "run.rounds=1",
+    "method.batch_size=4",
+    "method.lr=0.01",
+    "method.width=4",
+    "method.fpn_channels=8",
+    "method.head_convs=1",
+    "method.base_iters=2",
+    "method.client_iters=1",
 ]
 FADA_FAST = [
-    "method.target_batch=48", "method.gap_samples=48", "method.gap_references=2", "method.adversarial_steps=3",
+    "method.target_batch=48",
+    "method.gap_samples=48",
+    "method.gap_references=2",
+    "method.adversarial_steps=3",
     "method.disentangle_steps=3",
 ]
 #: case name -> (toy data kind, overrides)
@@ -41,10 +54,27 @@ CASES = {
     "fedmmd": ("vectors", ["method.name=fedmmd"]),
     "fada": ("vectors", ["method.name=fada", *FADA_FAST]),
     "fada-I": ("vectors", ["method.name=fada", *FADA_FAST, "method.adversarial=false", "method.disentangle=false"]),
-    "feddadil": ("vectors", ["method.name=feddadil", "method.samples_per_atom=40", "method.batch_size=20", "method.classifier_steps=50"]),
-    "feddadil-images": ("images", ["method.name=feddadil", "model.name=cnn", "model.hidden=16", "method.encoder_rounds=1",
-                                   "method.samples_per_atom=30", "method.batch_size=15", "method.classifier_steps=30", "run.rounds=3"]),
-    "dadil": ("vectors", ["method.name=dadil", "method.samples_per_atom=40", "method.batch_size=20", "method.classifier_steps=50"]),
+    "feddadil": (
+        "vectors",
+        ["method.name=feddadil", "method.samples_per_atom=40", "method.batch_size=20", "method.classifier_steps=50"],
+    ),
+    "feddadil-images": (
+        "images",
+        [
+            "method.name=feddadil",
+            "model.name=cnn",
+            "model.hidden=16",
+            "method.encoder_rounds=1",
+            "method.samples_per_atom=30",
+            "method.batch_size=15",
+            "method.classifier_steps=30",
+            "run.rounds=3",
+        ],
+    ),
+    "dadil": (
+        "vectors",
+        ["method.name=dadil", "method.samples_per_atom=40", "method.batch_size=20", "method.classifier_steps=50"],
+    ),
     "fedod": ("scenes", ["method.name=fedod", "method.distill_iters=1"]),
     "fedod-baseline1": ("scenes", ["method.name=fedod", "method.mode=baseline1"]),
     "fedod-baseline2": ("scenes", ["method.name=fedod", "method.mode=baseline2", "method.distill_iters=1"]),
@@ -80,11 +110,24 @@ def write_toy(root: Path, kind: str) -> str:
 
 def overrides_for(case: str, work: Path, backend: str) -> list[str]:
     kind, extra = CASES[case]
-    common = [f"data.cache_dir={work / 'cache'}", "run.progress=false", "run.tensorboard=false", f"run.backend={backend}", "run.seed=3"]
+    common = [
+        f"data.cache_dir={work / 'cache'}",
+        "run.progress=false",
+        "run.tensorboard=false",
+        f"run.backend={backend}",
+        "run.seed=3",
+    ]
     if kind == "scenes":
         return DETECTION_TINY + common + extra
     target = write_toy(work / kind, kind)
-    toy = ["data.benchmark=npz", f"data.root={work / kind}", f"data.target={target}", "run.rounds=2", "method.batch_size=16", "method.lr=0.05"]
+    toy = [
+        "data.benchmark=npz",
+        f"data.root={work / kind}",
+        f"data.target={target}",
+        "run.rounds=2",
+        "method.batch_size=16",
+        "method.lr=0.05",
+    ]
     if kind == "images":
         toy += ["data.normalization=none"]
     return toy + common + extra
@@ -112,7 +155,11 @@ def record_case(case: str, backend: str, work: Path) -> dict:
 
     config = load_config(None, overrides_for(case, work, backend))
     result = run_experiment(config, work / f"{case}-{backend}", num_cpus=2)
-    return {"summary": clean(result.summary), "history": clean(result.history), "tensors": tensor_digest(result.global_tensors)}
+    return {
+        "summary": clean(result.summary),
+        "history": clean(result.history),
+        "tensors": tensor_digest(result.global_tensors),
+    }
 
 
 def record_all(cases: list[str]) -> dict:

@@ -1,4 +1,5 @@
 """Records grouped over seeds, and their means ± sample standard deviations (reports and reproduce tables)."""
+
 from __future__ import annotations
 
 import math

@@ -15,6 +15,7 @@ Writes next to the results (or into ``--out``):
 trial or one run: its parameters (method, local_epochs, seed and any swept
 key), its final numbers and its per-round history.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -26,16 +27,32 @@ from typing import Any
 import numpy as np
 
 from experiments.grouping import format_mean_std, groups, mean_std
-from experiments.report_plots import PLOTS, plot_accuracy_per_round, plot_accuracy_vs_bytes, plot_accuracy_vs_local_epochs
+from experiments.report_plots import (
+    PLOTS,
+    plot_accuracy_per_round,
+    plot_accuracy_vs_bytes,
+    plot_accuracy_vs_local_epochs,
+)
 from fedsim.errors import UserError
 
 # run-directory configs: keys that never describe the experiment itself
-_IGNORED_KEYS = {"run.out", "run.progress", "run.tensorboard", "run.address", "data.cache_dir", "data.root", "run.seed",
-                 "method.name", "method.local_epochs"}
+_IGNORED_KEYS = {
+    "run.out",
+    "run.progress",
+    "run.tensorboard",
+    "run.address",
+    "data.cache_dir",
+    "data.root",
+    "run.seed",
+    "method.name",
+    "method.local_epochs",
+}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("dir", help="a run directory (summary.json), a directory of runs, or a sweep directory (results.csv)")
+    parser.add_argument(
+        "dir", help="a run directory (summary.json), a directory of runs, or a sweep directory (results.csv)"
+    )
     parser.add_argument("--out", help="where to write report.md and the plots (default: DIR)")
 
 
@@ -62,9 +79,23 @@ def load_sweep(path: Path) -> list[dict]:
     """results.csv + rounds.csv of a sweep directory -> records."""
     results, rounds = path / "results.csv", path / "rounds.csv"
     if not rounds.is_file():
-        raise UserError(f"{path} has results.csv but no rounds.csv: rerun 'fedsim sweep --resume --out {path}' to rewrite both")
-    fixed = {"trial_id", "status", "benchmark", "target", "rounds", "target_accuracy", "mean_source_accuracy", "bytes_sent",
-             "bytes_received", "wall_seconds", "client_nodes", "error"}
+        raise UserError(
+            f"{path} has results.csv but no rounds.csv: rerun 'fedsim sweep --resume --out {path}' to rewrite both"
+        )
+    fixed = {
+        "trial_id",
+        "status",
+        "benchmark",
+        "target",
+        "rounds",
+        "target_accuracy",
+        "mean_source_accuracy",
+        "bytes_sent",
+        "bytes_received",
+        "wall_seconds",
+        "client_nodes",
+        "error",
+    }
     histories: dict[str, list[dict]] = {}
     with rounds.open(newline="") as fh:
         for row in csv.DictReader(fh):
@@ -89,7 +120,12 @@ def _flat_config(path: Path) -> dict[str, Any]:
     if not file.is_file():
         return {}
     raw = yaml.safe_load(file.read_text()) or {}
-    return {f"{section}.{key}": value for section, values in raw.items() if isinstance(values, dict) for key, value in values.items()}
+    return {
+        f"{section}.{key}": value
+        for section, values in raw.items()
+        if isinstance(values, dict)
+        for key, value in values.items()
+    }
 
 
 def load_run(path: Path) -> dict:
@@ -107,13 +143,23 @@ def load_run(path: Path) -> dict:
             continue
         m = json.loads(line)
         total += int(m.get("bytes_sent", 0)) + int(m.get("bytes_received", 0))
-        history.append({"round": int(m["round"]), "target_accuracy": m.get("target_accuracy"),
-                        "mean_source_accuracy": m.get("mean_source_accuracy"), "bytes_total": total})
+        history.append(
+            {
+                "round": int(m["round"]),
+                "target_accuracy": m.get("target_accuracy"),
+                "mean_source_accuracy": m.get("mean_source_accuracy"),
+                "bytes_total": total,
+            }
+        )
     sources = list((summary.get("source_accuracy") or {}).values())
     return {
         "trial_id": path.name,
         "status": "finished",
-        "params": {"method": summary["method"], "local_epochs": config.get("method.local_epochs"), "seed": summary["seed"]},
+        "params": {
+            "method": summary["method"],
+            "local_epochs": config.get("method.local_epochs"),
+            "seed": summary["seed"],
+        },
         "benchmark": summary.get("benchmark"),
         "target": summary.get("target"),
         "rounds": summary.get("rounds"),
@@ -140,12 +186,18 @@ def load_records(path: Path) -> tuple[str, list[dict]]:
     runs = sorted(p for p in path.iterdir() if (p / "summary.json").is_file())
     if not runs:
         if (path / "sweep.json").is_file():
-            raise UserError(f"{path} is a sweep without results.csv yet: finish it with 'fedsim sweep --resume --out {path}'")
-        raise UserError(f"{path} holds no run (summary.json) and no sweep (results.csv): give the directory 'fedsim run' or 'fedsim sweep' wrote")
+            raise UserError(
+                f"{path} is a sweep without results.csv yet: finish it with 'fedsim sweep --resume --out {path}'"
+            )
+        raise UserError(
+            f"{path} holds no run (summary.json) and no sweep (results.csv): give the directory 'fedsim run' or 'fedsim sweep' wrote"
+        )
     records = [load_run(p) for p in runs]
     # settings that differ between the runs become parameters, like a sweep's --set axes
     keys = sorted({k for r in records for k in r["_config"]} - _IGNORED_KEYS)
-    varying = [k for k in keys if len({json.dumps(r["_config"].get(k), sort_keys=True, default=str) for r in records}) > 1]
+    varying = [
+        k for k in keys if len({json.dumps(r["_config"].get(k), sort_keys=True, default=str) for r in records}) > 1
+    ]
     for r in records:
         r["params"].update({k: r["_config"].get(k) for k in varying})
     return "runs", records
@@ -162,9 +214,17 @@ def markdown_table(records: list[dict]) -> str:
         seeds = ",".join(str(r["params"].get("seed")) for r in done)
         acc = mean_std([r.get("target_accuracy") for r in done])
         src = mean_std([r.get("mean_source_accuracy") for r in done])
-        mb = mean_std([((r.get("bytes_sent") or 0) + (r.get("bytes_received") or 0)) / 1e6 for r in done] if done else [])
+        mb = mean_std(
+            [((r.get("bytes_sent") or 0) + (r.get("bytes_received") or 0)) / 1e6 for r in done] if done else []
+        )
         wall = mean_std([r.get("wall_seconds") for r in done])
-        cells = [str(v) for _, v in key] + [seeds or "none finished", format_mean_std(*acc[:2]), format_mean_std(*src[:2]), format_mean_std(*mb[:2], digits=2), format_mean_std(*wall[:2], digits=1)]
+        cells = [str(v) for _, v in key] + [
+            seeds or "none finished",
+            format_mean_std(*acc[:2]),
+            format_mean_std(*src[:2]),
+            format_mean_std(*mb[:2], digits=2),
+            format_mean_std(*wall[:2], digits=1),
+        ]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

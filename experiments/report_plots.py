@@ -1,6 +1,7 @@
 """The plots of `fedsim report` (matplotlib's Agg canvas, no display): target accuracy per round,
 against local epochs and against bytes communicated; :func:`figure` and :func:`finish` give every
 plot of the package the same size, labels, grid and legend."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -98,11 +99,20 @@ def plot_accuracy_vs_local_epochs(records: list[dict], path: Path, title: str) -
         if not keep:
             continue
         ex, mean, std = (np.array(v) for v in zip(*keep))
-        ax.errorbar(ex, mean, yerr=std, marker="o", capsize=3, color=colors[dict(key).get("method")], label=group_label(key))
+        ax.errorbar(
+            ex, mean, yerr=std, marker="o", capsize=3, color=colors[dict(key).get("method")], label=group_label(key)
+        )
     ticks = sorted({float(e) for by_epochs in lines.values() for e in by_epochs if e is not None})
     if ticks:
         ax.set_xticks(ticks)
-    return finish(fig, ax, path, "local epochs per round", "final target accuracy", f"Final target accuracy vs local epochs{title}")
+    return finish(
+        fig,
+        ax,
+        path,
+        "local epochs per round",
+        "final target accuracy",
+        f"Final target accuracy vs local epochs{title}",
+    )
 
 
 def plot_accuracy_vs_bytes(records: list[dict], path: Path, title: str) -> Path:
@@ -113,5 +123,20 @@ def plot_accuracy_vs_bytes(records: list[dict], path: Path, title: str) -> Path:
         x, y, _ = _curves(members, "bytes_total")
         if len(x) == 0:
             continue
-        ax.plot(x / 1e6, y, _linestyle(grouped, key), marker="o", ms=3, color=colors[dict(key).get("method")], label=group_label(key))
-    return finish(fig, ax, path, "MB communicated (sent + received, cumulative)", "target accuracy", f"Target accuracy vs communication{title}")
+        ax.plot(
+            x / 1e6,
+            y,
+            _linestyle(grouped, key),
+            marker="o",
+            ms=3,
+            color=colors[dict(key).get("method")],
+            label=group_label(key),
+        )
+    return finish(
+        fig,
+        ax,
+        path,
+        "MB communicated (sent + received, cumulative)",
+        "target accuracy",
+        f"Target accuracy vs communication{title}",
+    )

@@ -12,6 +12,7 @@ spreads the grid over a cluster and ``--resume`` finishes an interrupted one. Th
 (:mod:`experiments.reproduce_plots`), Tune's experiment (``tune/``), the trials' run directories
 (``runs/``), ``reproduce.json`` and ``sweep.json`` (the grid, for ``--resume``).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -30,15 +31,28 @@ STATE_FILE = "reproduce.json"
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("paper", nargs="?", help=f"the paper whose protocol to run: {', '.join(available())}")
-    parser.add_argument("--spec", help="your own protocol: a YAML spec file (see experiments/specs/ and docs/cluster.md)")
-    parser.add_argument("--quick", action="store_true", help="the spec's smoke-test grid: few rounds, tiny data, one seed")
+    parser.add_argument(
+        "--spec", help="your own protocol: a YAML spec file (see experiments/specs/ and docs/cluster.md)"
+    )
+    parser.add_argument(
+        "--quick", action="store_true", help="the spec's smoke-test grid: few rounds, tiny data, one seed"
+    )
     parser.add_argument("--seeds", help="comma-separated root seeds replacing the spec's, e.g. 0,1,2")
-    parser.add_argument("--backend", choices=("ray", "local"),
-                        help="inside each trial: ray (client actors, default) or local (clients in the trial's process: "
-                             "no actor start-up, the same numbers; fastest for many small trials)")
-    parser.add_argument("--address", help="join an existing Ray cluster (host:port or auto); default: a fresh local cluster")
+    parser.add_argument(
+        "--backend",
+        choices=("ray", "local"),
+        help="inside each trial: ray (client actors, default) or local (clients in the trial's process: "
+        "no actor start-up, the same numbers; fastest for many small trials)",
+    )
+    parser.add_argument(
+        "--address", help="join an existing Ray cluster (host:port or auto); default: a fresh local cluster"
+    )
     parser.add_argument("--out", help="output directory (default runs/reproduce-<paper>[-quick]-<date>)")
-    parser.add_argument("--resume", action="store_true", help="finish the interrupted grid in --out (its grid comes from reproduce.json)")
+    parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="finish the interrupted grid in --out (its grid comes from reproduce.json)",
+    )
     parser.add_argument("-q", "--quiet", action="store_true", help="no Tune progress, no table")
 
 
@@ -47,21 +61,33 @@ def _fresh_out(out: Optional[str], spec: PaperSpec, quick: bool) -> Path:
     if path.exists() and not path.is_dir():
         raise UserError(f"--out {out} is a file: give a directory path")
     if (path / STATE_FILE).exists() or (path / TUNE_NAME).exists():
-        raise UserError(f"--out {path} already holds a reproduction: pass --resume to finish it, or choose another directory")
+        raise UserError(
+            f"--out {path} already holds a reproduction: pass --resume to finish it, or choose another directory"
+        )
     return path
 
 
 def _resumed(args: argparse.Namespace) -> tuple[PaperSpec, SweepSpec, Path]:
-    given = [flag for flag, value in (("PAPER", args.paper), ("--spec", args.spec), ("--quick", args.quick), ("--seeds", args.seeds),
-                                                  ("--backend", args.backend))
-             if value]
+    given = [
+        flag
+        for flag, value in (
+            ("PAPER", args.paper),
+            ("--spec", args.spec),
+            ("--quick", args.quick),
+            ("--seeds", args.seeds),
+            ("--backend", args.backend),
+        )
+        if value
+    ]
     if given:
         raise UserError(f"--resume takes the grid from the directory's {STATE_FILE}: drop {', '.join(given)}")
     if not args.out:
         raise UserError("--resume needs --out DIR: the directory of the reproduction to finish")
     out = Path(args.out)
     if not (out / STATE_FILE).is_file() or not (out / SPEC_FILE).is_file():
-        raise UserError(f"--out {args.out} holds no reproduction ({STATE_FILE} missing): give the directory of an earlier 'fedsim reproduce'")
+        raise UserError(
+            f"--out {args.out} holds no reproduction ({STATE_FILE} missing): give the directory of an earlier 'fedsim reproduce'"
+        )
     return from_json((out / STATE_FILE).read_text()), SweepSpec.from_json((out / SPEC_FILE).read_text()), out
 
 
@@ -90,8 +116,16 @@ def run(args: argparse.Namespace) -> int:
     configs, clients = prepare(sweep_spec)
     if out is None:
         out = _fresh_out(args.out, spec, args.quick)
-    records = run_grid(sweep_spec, configs, clients, out, address=args.address, resume=args.resume, quiet=args.quiet,
-                       files={STATE_FILE: to_json(spec), SPEC_FILE: sweep_spec.to_json()})
+    records = run_grid(
+        sweep_spec,
+        configs,
+        clients,
+        out,
+        address=args.address,
+        resume=args.resume,
+        quiet=args.quiet,
+        files={STATE_FILE: to_json(spec), SPEC_FILE: sweep_spec.to_json()},
+    )
     written = write_outputs(spec, records, out)
     if not args.quiet:
         print((out / "table.md").read_text())

@@ -2,6 +2,7 @@
 (``accuracy-<benchmark>.png``, bars = mean over seeds, whiskers = sample std), target accuracy per round
 of every run (``accuracy_per_round-<benchmark>.png``, one panel per target) and the spec's per-round
 series (``series-<metric>.png``, e.g. FedDaDiL's atom drift for several local epochs)."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -41,7 +42,14 @@ def plot_final(spec: PaperSpec, lines: list[dict], bench: str, path: Path) -> Pa
     for i, row in enumerate(spec.rows):
         stats = [cell(lines, row.name, bench, t, "target") for t in targets]
         means = [m if m is not None else 0.0 for m, _, _ in stats]
-        ax.bar(np.arange(len(targets)) + i * width, means, width, yerr=[s or 0.0 for _, s, _ in stats], capsize=2, label=row.label)
+        ax.bar(
+            np.arange(len(targets)) + i * width,
+            means,
+            width,
+            yerr=[s or 0.0 for _, s, _ in stats],
+            capsize=2,
+            label=row.label,
+        )
     ax.set_xticks(np.arange(len(targets)) + width * (len(spec.rows) - 1) / 2, targets)
     ax.set_title(f"{spec.name} on {bench}: final target metric per row")
     return _save(fig, [ax], path, "target domain", "final target metric")
@@ -66,8 +74,17 @@ def _records_of(spec: PaperSpec, records: list[dict], run: str, bench: str, targ
     return [r for r in records if r["params"].get("variant") == name and r["status"] == "finished"]
 
 
-def plot_rounds(spec: PaperSpec, records: list[dict], bench: str, target_list: list[str], runs: list[str], key: str,
-                path: Path, split: bool = False, title: str = "") -> Path:
+def plot_rounds(
+    spec: PaperSpec,
+    records: list[dict],
+    bench: str,
+    target_list: list[str],
+    runs: list[str],
+    key: str,
+    path: Path,
+    split: bool = False,
+    title: str = "",
+) -> Path:
     """One panel per target, one line per run (per sub-key of ``key`` with ``split``): the mean over seeds, in a
     shaded band of +- one sample std where there are several seeds."""
     from matplotlib.ticker import MaxNLocator
@@ -76,11 +93,13 @@ def plot_rounds(spec: PaperSpec, records: list[dict], bench: str, target_list: l
     for ax, target in zip(axes, target_list):
         for run in runs:
             members = _records_of(spec, records, run, bench, target)
-            keys = sorted({k for r in members for row in r.get("round_metrics", []) for k in row if k.startswith(key + "/")})
-            for sub in (keys if split and keys else [key]):
+            keys = sorted(
+                {k for r in members for row in r.get("round_metrics", []) for k in row if k.startswith(key + "/")}
+            )
+            for sub in keys if split and keys else [key]:
                 rounds, values, spread = _by_round(members, sub)
                 if rounds:
-                    label = run if sub == key else f"{run} {sub[len(key) + 1:]}"
+                    label = run if sub == key else f"{run} {sub[len(key) + 1 :]}"
                     (line,) = ax.plot(rounds, values, marker="o", ms=3, label=label)
                     if any(spread):
                         low, high = np.subtract(values, spread), np.add(values, spread)
@@ -94,11 +113,31 @@ def write_plots(spec: PaperSpec, records: list[dict], lines: list[dict], out: Pa
     written = []
     for bench, settings in spec.benchmarks.items():
         written.append(plot_final(spec, lines, bench, out / f"accuracy-{bench}.png"))
-        written.append(plot_rounds(spec, records, bench, settings["targets"], list(spec.runs), "target_accuracy",
-                                   out / f"accuracy_per_round-{bench}.png"))
+        written.append(
+            plot_rounds(
+                spec,
+                records,
+                bench,
+                settings["targets"],
+                list(spec.runs),
+                "target_accuracy",
+                out / f"accuracy_per_round-{bench}.png",
+            )
+        )
     for series in spec.series:
         bench = series.get("benchmark") or next(iter(spec.benchmarks))
         targets = [series["target"]] if series.get("target") else spec.benchmarks[bench]["targets"]
-        written.append(plot_rounds(spec, records, bench, targets, series["runs"], series["metric"],
-                                   out / f"series-{series['metric']}.png", bool(series.get("split")), series.get("title", "")))
+        written.append(
+            plot_rounds(
+                spec,
+                records,
+                bench,
+                targets,
+                series["runs"],
+                series["metric"],
+                out / f"series-{series['metric']}.png",
+                bool(series.get("split")),
+                series.get("title", ""),
+            )
+        )
     return written

@@ -8,6 +8,7 @@ A row's metric is a reference into its run's results:
 * ``rounds:<key>:<reduce>``: a per-round metric (mean over its sub-keys, e.g. over clients), reduced over
   the rounds that report it with ``mean``, ``last``, ``last3``, ``first_half`` or ``second_half``.
 """
+
 from __future__ import annotations
 
 import csv
@@ -24,7 +25,7 @@ REDUCERS = {
     "last": lambda v: v[-1:],
     "last3": lambda v: v[-3:],
     "first_half": lambda v: v[: max(1, len(v) // 2)],
-    "second_half": lambda v: v[max(1, len(v) // 2):],
+    "second_half": lambda v: v[max(1, len(v) // 2) :],
 }
 
 
@@ -57,8 +58,17 @@ def results_rows(spec: PaperSpec, records: list[dict]) -> list[dict]:
             run, bench, target = where.get(variant, (None, None, None))
             if run != row.run:
                 continue
-            line = {"row": row.name, "label": row.label, "run": run, "benchmark": bench, "target_domain": target, "seed": seed,
-                    "status": record["status"], "trial_id": record["trial_id"], "wall_seconds": record.get("wall_seconds")}
+            line = {
+                "row": row.name,
+                "label": row.label,
+                "run": run,
+                "benchmark": bench,
+                "target_domain": target,
+                "seed": seed,
+                "status": record["status"],
+                "trial_id": record["trial_id"],
+                "wall_seconds": record.get("wall_seconds"),
+            }
             line.update({name: metric_value(record, ref) for name, ref in row.metrics.items()})
             lines.append(line)
     return lines
@@ -75,9 +85,13 @@ def write_results_csv(path: Path, lines: list[dict]) -> Path:
     return path
 
 
-def cell(lines: list[dict], row: str, bench: str, target: str, metric: str) -> tuple[Optional[float], Optional[float], int]:
+def cell(
+    lines: list[dict], row: str, bench: str, target: str, metric: str
+) -> tuple[Optional[float], Optional[float], int]:
     """Mean, sample std and count over seeds of one row's metric on one target."""
-    return mean_std([ln.get(metric) for ln in lines if (ln["row"], ln["benchmark"], ln["target_domain"]) == (row, bench, target)])
+    return mean_std(
+        [ln.get(metric) for ln in lines if (ln["row"], ln["benchmark"], ln["target_domain"]) == (row, bench, target)]
+    )
 
 
 def _header(column: str, target: str) -> str:
@@ -87,8 +101,13 @@ def _header(column: str, target: str) -> str:
 def table(spec: PaperSpec, lines: list[dict]) -> str:
     """Per benchmark: one line per row; per target its columns (target, then the sources' mean, ...), then the means."""
     seeds = ", ".join(str(s) for s in spec.seeds)
-    out = [f"# {spec.paper}", "", f"Mean ± sample standard deviation over seeds {seeds} (one seed: the value alone); "
-           "'sources' = the sources' mean accuracy of the same predictor; n/a = not run or not reported.", ""]
+    out = [
+        f"# {spec.paper}",
+        "",
+        f"Mean ± sample standard deviation over seeds {seeds} (one seed: the value alone); "
+        "'sources' = the sources' mean accuracy of the same predictor; n/a = not run or not reported.",
+        "",
+    ]
     for bench, settings in spec.benchmarks.items():
         targets = settings["targets"]
         headers = [_header(c, t) for t in targets for c in spec.columns]
@@ -96,7 +115,11 @@ def table(spec: PaperSpec, lines: list[dict]) -> str:
             headers += [f"{_header(c, 'mean').replace('-> mean', 'mean target')}" for c in spec.columns]
         out += [f"## {bench}", "", "| row | " + " | ".join(headers) + " |", "|---|" + "---:|" * len(headers)]
         for row in spec.rows:
-            cells = [format_mean_std(*cell(lines, row.name, bench, t, c)[:2], digits=3) for t in targets for c in spec.columns]
+            cells = [
+                format_mean_std(*cell(lines, row.name, bench, t, c)[:2], digits=3)
+                for t in targets
+                for c in spec.columns
+            ]
             if len(targets) > 1:
                 for c in spec.columns:
                     means = [cell(lines, row.name, bench, t, c)[0] for t in targets]
@@ -113,11 +136,17 @@ def claim_value(lines: list[dict], bench: str, targets: list[str], row: str, met
 
 
 def _verdict(lines: list[dict], claim: Claim, bench: str, targets: list[str]) -> tuple[str, str]:
-    values = [[(f"{row}" + ("" if metric == "target" else f" {metric}"), claim_value(lines, bench, targets, row, metric))
-               for row, metric in group] for group in claim.order]
+    values = [
+        [
+            (f"{row}" + ("" if metric == "target" else f" {metric}"), claim_value(lines, bench, targets, row, metric))
+            for row, metric in group
+        ]
+        for group in claim.order
+    ]
     where = f"{bench}, {'target ' + targets[0] if len(targets) == 1 else 'mean over ' + ', '.join(targets)}"
-    figures = f"{where}: " + " vs ".join(", ".join(f"{name} {'n/a' if v is None else f'{v:.3f}'}" for name, v in group)
-                                         for group in values)
+    figures = f"{where}: " + " vs ".join(
+        ", ".join(f"{name} {'n/a' if v is None else f'{v:.3f}'}" for name, v in group) for group in values
+    )
     if any(v is None for group in values for _, v in group):
         return "not measurable", figures
     above = (lambda a, b: a > b) if claim.strict else (lambda a, b: a >= b)
@@ -129,19 +158,23 @@ def check_claim(spec: PaperSpec, lines: list[dict], claim: Claim) -> list[tuple[
     """One (verdict, figures) per benchmark (and per target with ``per_target``); verdict: holds, does not hold,
     not measurable (a row has no finished value on a target it needs, or the benchmark is not in the grid)."""
     results = []
-    for bench in ([claim.benchmark] if claim.benchmark else list(spec.benchmarks)):
+    for bench in [claim.benchmark] if claim.benchmark else list(spec.benchmarks):
         if bench not in spec.benchmarks:
             results.append(("not measurable", f"{bench}: not in this grid"))
             continue
         targets = [claim.target] if claim.target else spec.benchmarks[bench]["targets"]
-        for group in ([[t] for t in targets] if claim.per_target else [targets]):
+        for group in [[t] for t in targets] if claim.per_target else [targets]:
             results.append(_verdict(lines, claim, bench, group))
     return results
 
 
 def claims_text(spec: PaperSpec, lines: list[dict]) -> str:
-    out = [f"# The claims of {spec.paper}, as measured here", "",
-           f"Each figure is the mean over seeds ({', '.join(str(s) for s in spec.seeds)}), then over the targets named.", ""]
+    out = [
+        f"# The claims of {spec.paper}, as measured here",
+        "",
+        f"Each figure is the mean over seeds ({', '.join(str(s) for s in spec.seeds)}), then over the targets named.",
+        "",
+    ]
     for claim in spec.claims:
         for verdict, figures in check_claim(spec, lines, claim):
             out.append(f"- {claim.text}: **{verdict}** ({figures})")

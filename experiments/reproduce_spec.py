@@ -9,6 +9,7 @@ Every trial is one run x benchmark x target x seed; :func:`to_sweep` turns the g
 :class:`experiments.sweep_grid.SweepSpec` that `fedsim sweep`'s machinery runs as Ray Tune trials.
 The format is documented in ``docs/cluster.md`` ("Reproducing a paper").
 """
+
 from __future__ import annotations
 
 import copy
@@ -25,7 +26,21 @@ SPECS_DIR = Path(__file__).parent / "specs"
 CONFIGS_DIR = Path(__file__).parent / "configs"
 DEFAULT_METRICS = {"target": "target_accuracy", "source": "source_accuracy"}
 KEYS = {
-    "spec": {"paper", "description", "seeds", "set", "set_last", "benchmarks", "runs", "rows", "metrics", "columns", "claims", "series", "quick"},
+    "spec": {
+        "paper",
+        "description",
+        "seeds",
+        "set",
+        "set_last",
+        "benchmarks",
+        "runs",
+        "rows",
+        "metrics",
+        "columns",
+        "claims",
+        "series",
+        "quick",
+    },
     "benchmark": {"targets", "set", "run_set"},
     "run": {"config", "set", "only"},
     "row": {"name", "label", "run", "metrics", "vars"},
@@ -33,8 +48,12 @@ KEYS = {
     "series": {"metric", "title", "runs", "benchmark", "target", "split"},
     "quick": {"seeds", "targets", "set", "run_set", "runs", "benchmarks"},
 }
-REQUIRED = {"spec": ("paper", "benchmarks", "runs", "rows"), "row": ("name",), "claim": ("claim", "order"),
-            "series": ("metric", "runs")}
+REQUIRED = {
+    "spec": ("paper", "benchmarks", "runs", "rows"),
+    "row": ("name",),
+    "claim": ("claim", "order"),
+    "series": ("metric", "runs"),
+}
 
 
 def available() -> list[str]:
@@ -89,12 +108,16 @@ class PaperSpec:
         raw = _check_keys("spec", self.raw, f"spec {self.name}")
         for key, kind in (("benchmarks", dict), ("runs", dict), ("rows", list), ("claims", list), ("series", list)):
             if not isinstance(raw.get(key, kind()), kind):
-                raise UserError(f"spec {self.name}: {key} must be a {'mapping' if kind is dict else 'list'}, got {raw[key]!r}")
+                raise UserError(
+                    f"spec {self.name}: {key} must be a {'mapping' if kind is dict else 'list'}, got {raw[key]!r}"
+                )
         self.paper = str(raw["paper"])
         self.seeds = [int(s) for s in raw.get("seeds", [0])]
         self.settings = _strings(raw.get("set", []), f"spec {self.name}: set")
         self.last_settings = _strings(raw.get("set_last", []), f"spec {self.name}: set_last")  # after the runs' own
-        self.benchmarks = {name: _check_keys("benchmark", dict(b or {}), f"benchmark {name}") for name, b in raw["benchmarks"].items()}
+        self.benchmarks = {
+            name: _check_keys("benchmark", dict(b or {}), f"benchmark {name}") for name, b in raw["benchmarks"].items()
+        }
         for name, bench in self.benchmarks.items():
             _strings(bench.setdefault("targets", []), f"benchmark {name}: targets")
             if not bench["targets"]:
@@ -104,7 +127,10 @@ class PaperSpec:
         self.rows = [self._row(r, metrics) for r in raw["rows"]]
         self.columns = _strings(raw.get("columns", list(DEFAULT_METRICS)), f"spec {self.name}: columns")
         self.claims = [self._claim(c) for c in raw.get("claims", [])]
-        self.series = [_check_keys("series", s, f"series {s.get('metric') if isinstance(s, dict) else s}") for s in raw.get("series", [])]
+        self.series = [
+            _check_keys("series", s, f"series {s.get('metric') if isinstance(s, dict) else s}")
+            for s in raw.get("series", [])
+        ]
         for s in self.series:
             self._known("run", s["runs"], self.runs, f"series {s['metric']}")
 
@@ -124,7 +150,9 @@ class PaperSpec:
         try:
             resolved = {name: str(ref).format(**values) for name, ref in merged.items()}
         except KeyError as exc:
-            raise UserError(f"row {raw['name']}: a metric template uses {{{exc.args[0]}}}: give it under vars:") from None
+            raise UserError(
+                f"row {raw['name']}: a metric template uses {{{exc.args[0]}}}: give it under vars:"
+            ) from None
         return Row(raw["name"], str(raw.get("label", raw["name"])), run, resolved)
 
     def _claim(self, raw: dict) -> Claim:
@@ -134,18 +162,26 @@ class PaperSpec:
         order = []
         for group in raw["order"]:
             items = []
-            for item in (group if isinstance(group, list) else [group]):
+            for item in group if isinstance(group, list) else [group]:
                 name, _, own = str(item).partition(":")
                 self._known("row", [name], rows, f"claim {raw['claim']!r}")
                 if (own or metric) not in rows[name].metrics:
-                    raise UserError(f"claim {raw['claim']!r}: row {name} has no metric {own or metric!r} "
-                                    f"(it has {', '.join(rows[name].metrics)})")
+                    raise UserError(
+                        f"claim {raw['claim']!r}: row {name} has no metric {own or metric!r} "
+                        f"(it has {', '.join(rows[name].metrics)})"
+                    )
                 items.append((name, own or metric))
             order.append(items)
         if len(order) < 2:
             raise UserError(f"claim {raw['claim']!r}: order needs two or more rows to compare")
-        return Claim(str(raw["claim"]), order, bool(raw.get("strict", True)), raw.get("benchmark"), raw.get("target"),
-                     bool(raw.get("per_target", False)))
+        return Claim(
+            str(raw["claim"]),
+            order,
+            bool(raw.get("strict", True)),
+            raw.get("benchmark"),
+            raw.get("target"),
+            bool(raw.get("per_target", False)),
+        )
 
     # ---- the grid -----------------------------------------------------------
     def variants(self) -> list[tuple[str, str, str, str]]:
@@ -183,12 +219,16 @@ def load_spec(paper: Optional[str], spec_file: Optional[str]) -> PaperSpec:
         if paper not in available():
             close = difflib.get_close_matches(paper, available(), n=1)
             hint = f"did you mean {close[0]!r}? " if close else ""
-            raise UserError(f"unknown paper {paper!r}: {hint}choose one of {', '.join(available())}, or give your own with --spec FILE")
+            raise UserError(
+                f"unknown paper {paper!r}: {hint}choose one of {', '.join(available())}, or give your own with --spec FILE"
+            )
         path = SPECS_DIR / f"{paper}.yaml"
     else:
         path = Path(spec_file)
         if not path.is_file():
-            raise UserError(f"spec file {spec_file} does not exist: give the path of a YAML spec (see experiments/specs/)")
+            raise UserError(
+                f"spec file {spec_file} does not exist: give the path of a YAML spec (see experiments/specs/)"
+            )
     raw = read_yaml(str(path)) or {}
     return PaperSpec(path.stem, raw, path.resolve().parent)
 
@@ -203,7 +243,11 @@ def _quick_benchmark(spec: PaperSpec, bench: str, extra: Any, old: Optional[dict
     run_set = {run: list(items) for run, items in (old.get("run_set") or {}).items()}
     for run, items in (extra.get("run_set") or {}).items():
         run_set[run] = run_set.get(run, []) + _strings(items, f"{where}.run_set.{run}")
-    merged = {**old, "set": list(old.get("set", [])) + _strings(extra.get("set", []), f"{where}.set"), "run_set": run_set}
+    merged = {
+        **old,
+        "set": list(old.get("set", [])) + _strings(extra.get("set", []), f"{where}.set"),
+        "run_set": run_set,
+    }
     if "targets" in extra:
         merged["targets"] = _strings(extra["targets"], f"{where}.targets")
     return merged
@@ -223,15 +267,23 @@ def shrink(spec: PaperSpec, quick: bool, seeds: Optional[list[int]]) -> PaperSpe
             raw["benchmarks"][bench] = _quick_benchmark(spec, bench, extra, raw["benchmarks"][bench])
         for run, extra in (small.get("run_set") or {}).items():
             spec._known("run", [run], spec.runs, f"spec {spec.name}: quick.run_set")
-            raw["runs"][run] = {**raw["runs"][run], "set": list(raw["runs"][run].get("set", [])) + _strings(extra, f"quick.run_set.{run}")}
+            raw["runs"][run] = {
+                **raw["runs"][run],
+                "set": list(raw["runs"][run].get("set", [])) + _strings(extra, f"quick.run_set.{run}"),
+            }
         if "runs" in small:
             spec._known("run", small["runs"], spec.runs, f"spec {spec.name}: quick.runs")
             raw["runs"] = {k: v for k, v in raw["runs"].items() if k in small["runs"]}
             raw["rows"] = [r for r in raw["rows"] if r.get("run", r["name"]) in raw["runs"]]
             raw["series"] = [s for s in raw.get("series", []) if set(s["runs"]) <= set(raw["runs"])]
             kept = {r["name"] for r in raw["rows"]}
-            raw["claims"] = [c for c in raw.get("claims", [])
-                             if all(str(i).partition(":")[0] in kept for g in c["order"] for i in (g if isinstance(g, list) else [g]))]
+            raw["claims"] = [
+                c
+                for c in raw.get("claims", [])
+                if all(
+                    str(i).partition(":")[0] in kept for g in c["order"] for i in (g if isinstance(g, list) else [g])
+                )
+            ]
     if seeds is not None:
         raw["seeds"] = list(seeds)
     return PaperSpec(spec.name, raw, spec.origin)
@@ -245,9 +297,19 @@ def to_sweep(spec: PaperSpec) -> SweepSpec:
     for name, run, bench_name, target in spec.variants():
         bench = spec.benchmarks[bench_name]
         path = spec.config_file(run)
-        overrides = (spec.settings + list(bench.get("set", [])) + list((bench.get("run_set") or {}).get(run, []))
-                     + list(spec.runs[run].get("set", [])) + spec.last_settings + [f"data.benchmark={bench_name}", f"data.target={target}"])
-        variants[name] = {"config_file": path and str(path), "base": (read_yaml(str(path)) or {}) if path else {}, "overrides": overrides}
+        overrides = (
+            spec.settings
+            + list(bench.get("set", []))
+            + list((bench.get("run_set") or {}).get(run, []))
+            + list(spec.runs[run].get("set", []))
+            + spec.last_settings
+            + [f"data.benchmark={bench_name}", f"data.target={target}"]
+        )
+        variants[name] = {
+            "config_file": path and str(path),
+            "base": (read_yaml(str(path)) or {}) if path else {},
+            "overrides": overrides,
+        }
     return SweepSpec(None, {}, [], {VARIANT_KEY: list(variants), "run.seed": list(spec.seeds)}, variants)
 
 

@@ -26,6 +26,7 @@ This module is the command (flags, the sweep directory, Ray and the Tuner); the 
 :mod:`experiments.sweep_grid`, a trial is planned and run by :mod:`experiments.sweep_trial`, and
 the results are collected and written by :mod:`experiments.sweep_results`.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -45,7 +46,17 @@ log = logging.getLogger(__name__)
 
 TUNE_NAME = "tune"  # Tune's experiment folder inside the sweep directory
 SPEC_FILE = "sweep.json"
-SPEC_FLAGS = ("config", "benchmark", "target", "rounds", "methods", "local_epochs", "seeds", "cpus_per_client", "gpus_per_client")
+SPEC_FLAGS = (
+    "config",
+    "benchmark",
+    "target",
+    "rounds",
+    "methods",
+    "local_epochs",
+    "seeds",
+    "cpus_per_client",
+    "gpus_per_client",
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -56,14 +67,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--target", help="target domain (unlabeled); the other domains are sources")
     parser.add_argument("--rounds", help="communication rounds of every trial")
     parser.add_argument("--config", help="YAML config file (sections data, model, method, run, resources)")
-    parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
-                        help="override a config key; a comma list (method.lr=0.01,0.1) becomes a grid axis; "
-                             "<method>.<key>=VALUE (fedprox.mu=0.1) sets a method's own parameter for its trials only")
-    parser.add_argument("--cpus-per-client", help="CPUs each client actor reserves (fractions allowed; a list is an axis)")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help="override a config key; a comma list (method.lr=0.01,0.1) becomes a grid axis; "
+        "<method>.<key>=VALUE (fedprox.mu=0.1) sets a method's own parameter for its trials only",
+    )
+    parser.add_argument(
+        "--cpus-per-client", help="CPUs each client actor reserves (fractions allowed; a list is an axis)"
+    )
     parser.add_argument("--gpus-per-client", help="GPUs each client actor reserves, e.g. 0.25 (a list is an axis)")
-    parser.add_argument("--address", help="join an existing Ray cluster (host:port or auto); default: a fresh local cluster")
+    parser.add_argument(
+        "--address", help="join an existing Ray cluster (host:port or auto); default: a fresh local cluster"
+    )
     parser.add_argument("--out", help="sweep directory (default runs/sweep-<date>-<benchmark>-<target>)")
-    parser.add_argument("--resume", action="store_true", help="continue the interrupted sweep in --out (its grid comes from sweep.json)")
+    parser.add_argument(
+        "--resume", action="store_true", help="continue the interrupted sweep in --out (its grid comes from sweep.json)"
+    )
     parser.add_argument("-q", "--quiet", action="store_true", help="no Tune progress and no table")
 
 
@@ -73,7 +95,9 @@ def _resolve_out(args, spec: Optional[SweepSpec], base) -> Path:
             raise UserError("--resume needs --out DIR: the directory of the sweep to continue")
         path = Path(args.out)
         if not (path / SPEC_FILE).is_file():
-            raise UserError(f"--out {args.out} holds no sweep ({SPEC_FILE} missing): give the directory of an earlier 'fedsim sweep'")
+            raise UserError(
+                f"--out {args.out} holds no sweep ({SPEC_FILE} missing): give the directory of an earlier 'fedsim sweep'"
+            )
         return path
     out = args.out or f"runs/sweep-{time.strftime('%Y%m%d-%H%M%S')}-{base.data.benchmark}-{base.data.target}"
     path = Path(out)
@@ -100,8 +124,17 @@ def _fit(tuner):
                 signal.signal(sig, handler)
 
 
-def run_grid(spec: SweepSpec, configs: dict, clients: dict, out: Path, *, address: Optional[str], resume: bool,
-             quiet: bool, files: Optional[dict[str, str]] = None) -> list[dict]:
+def run_grid(
+    spec: SweepSpec,
+    configs: dict,
+    clients: dict,
+    out: Path,
+    *,
+    address: Optional[str],
+    resume: bool,
+    quiet: bool,
+    files: Optional[dict[str, str]] = None,
+) -> list[dict]:
     """Start or join Ray, place every trial, run (or resume) the Tuner in ``out``; one record per trial.
 
     ``files`` (name -> text) are written into ``out`` once every check has passed, just before the
@@ -117,16 +150,24 @@ def run_grid(spec: SweepSpec, configs: dict, clients: dict, out: Path, *, addres
     try:
         cluster = ray.cluster_resources()
         if any(c.resources.gpus_per_client > 0 for c in configs.values()) and cluster.get("GPU", 0) == 0:
-            warnings.warn("--gpus-per-client asked for GPUs but the Ray cluster has none: client actors run on CPU", RuntimeWarning, stacklevel=2)
+            warnings.warn(
+                "--gpus-per-client asked for GPUs but the Ray cluster has none: client actors run on CPU",
+                RuntimeWarning,
+                stacklevel=2,
+            )
         plans = {key: plan_trial(config, clients[key], cluster, spec.backend) for key, config in configs.items()}
         tune_dir = out.resolve() / TUNE_NAME
         if resume and not tune.Tuner.can_restore(str(tune_dir)):
-            raise UserError(f"--out {out} has no Tune state to resume ({tune_dir} is missing or empty): start anew in another directory")
+            raise UserError(
+                f"--out {out} has no Tune state to resume ({tune_dir} is missing or empty): start anew in another directory"
+            )
         out.mkdir(parents=True, exist_ok=True)
         for name, text in ({} if resume else (files or {})).items():
             (out / name).write_text(text)
-        trainable = tune.with_resources(tune.with_parameters(run_trial, spec_json=spec.to_json(), sweep_dir=str(out.resolve())),
-                                        TrialResources(plans))
+        trainable = tune.with_resources(
+            tune.with_parameters(run_trial, spec_json=spec.to_json(), sweep_dir=str(out.resolve())),
+            TrialResources(plans),
+        )
         if resume:
             tuner = tune.Tuner.restore(str(tune_dir), trainable=trainable, resume_unfinished=True, restart_errored=True)
         else:
@@ -135,8 +176,12 @@ def run_grid(spec: SweepSpec, configs: dict, clients: dict, out: Path, *, addres
                 trainable,
                 param_space=param_space,
                 tune_config=tune.TuneConfig(reuse_actors=True),
-                run_config=tune.RunConfig(name=TUNE_NAME, storage_path=str(out.resolve()), verbose=0 if quiet else 1,
-                                          failure_config=tune.FailureConfig(max_failures=0)),
+                run_config=tune.RunConfig(
+                    name=TUNE_NAME,
+                    storage_path=str(out.resolve()),
+                    verbose=0 if quiet else 1,
+                    failure_config=tune.FailureConfig(max_failures=0),
+                ),
             )
         log.info("%d trials in %s", len(configs), out)
         return collect_records(_fit(tuner), spec, configs)
@@ -152,7 +197,10 @@ def report_failures(records: list[dict], command: str, out: Path) -> int:
             print(f"fedsim: trial {r['trial_id']} failed: {r.get('error', '')}", file=sys.stderr)
     unfinished = [r for r in records if r["status"] != "finished"]
     if unfinished:
-        print(f"fedsim: {len(unfinished)} of {len(records)} trials did not finish: continue with '{command} --resume --out {out}'", file=sys.stderr)
+        print(
+            f"fedsim: {len(unfinished)} of {len(records)} trials did not finish: continue with '{command} --resume --out {out}'",
+            file=sys.stderr,
+        )
         return 1
     return 0
 
@@ -162,7 +210,9 @@ def run(args: argparse.Namespace) -> int:
     from experiments import report as report_module
 
     if args.resume:
-        given = [f"--{f.replace('_', '-')}" for f in SPEC_FLAGS if getattr(args, f, None) is not None] + (["--set"] if args.set else [])
+        given = [f"--{f.replace('_', '-')}" for f in SPEC_FLAGS if getattr(args, f, None) is not None] + (
+            ["--set"] if args.set else []
+        )
         if given:
             raise UserError(f"--resume takes the grid from the sweep's {SPEC_FILE}: drop {', '.join(given)}")
         out = _resolve_out(args, None, None)
@@ -173,11 +223,21 @@ def run(args: argparse.Namespace) -> int:
     configs, clients = prepare(spec)
     if out is None:
         out = _resolve_out(args, spec, next(iter(configs.values())))
-    records = run_grid(spec, configs, clients, out, address=args.address, resume=args.resume, quiet=args.quiet,
-                       files={SPEC_FILE: spec.to_json()})
+    records = run_grid(
+        spec,
+        configs,
+        clients,
+        out,
+        address=args.address,
+        resume=args.resume,
+        quiet=args.quiet,
+        files={SPEC_FILE: spec.to_json()},
+    )
     write_results(out, records)
     written = report_module.write_report(out, records)
     if not args.quiet:
         print(report_module.markdown_table(records))
-        print(f"sweep directory: {out}  ({', '.join(p.name for p in written)}, results.csv, rounds.csv; Tune: {out / TUNE_NAME})")
+        print(
+            f"sweep directory: {out}  ({', '.join(p.name for p in written)}, results.csv, rounds.csv; Tune: {out / TUNE_NAME})"
+        )
     return report_failures(records, "fedsim sweep", out)

@@ -1,5 +1,6 @@
 """The grid of `fedsim sweep`: the flags and ``--set`` lists -> a :class:`SweepSpec` (base config +
 axes), its grid points, and every point's checked config (:func:`prepare`)."""
+
 from __future__ import annotations
 
 import argparse
@@ -82,27 +83,55 @@ class SweepSpec:
         raw = {k: dict(v or {}) for k, v in base.items()}
         method = point.get("method.name")
         section = raw.get("method")
-        if isinstance(section, dict) and method and section.get("name", MethodConfig.name) != method and method in METHODS:
+        if (
+            isinstance(section, dict)
+            and method
+            and section.get("name", MethodConfig.name) != method
+            and method in METHODS
+        ):
             params = getattr(METHODS.get(method), "Params", None)
-            valid = {f.name for f in dataclasses.fields(MethodConfig)} | ({f.name for f in dataclasses.fields(params)} if params else set())
+            valid = {f.name for f in dataclasses.fields(MethodConfig)} | (
+                {f.name for f in dataclasses.fields(params)} if params else set()
+            )
             raw["method"] = {k: v for k, v in section.items() if k in valid}
         try:
             return load_config(None, self.overrides_for(point) + list(extra), base=raw)
         except UserError as exc:
             if "unknown config key 'method." not in str(exc):
                 raise
-            raise UserError(f"{exc} (in the trials of {method}): set a method's own parameter for its trials only "
-                            "with --set <method>.<key>=VALUE") from None
+            raise UserError(
+                f"{exc} (in the trials of {method}): set a method's own parameter for its trials only "
+                "with --set <method>.<key>=VALUE"
+            ) from None
 
     def to_json(self) -> str:
-        return json.dumps({"config_file": self.config_file, "base": self.base, "overrides": self.overrides, "axes": self.axes,
-                           "variants": self.variants, "backend": self.backend}, indent=2, default=str) + "\n"
+        return (
+            json.dumps(
+                {
+                    "config_file": self.config_file,
+                    "base": self.base,
+                    "overrides": self.overrides,
+                    "axes": self.axes,
+                    "variants": self.variants,
+                    "backend": self.backend,
+                },
+                indent=2,
+                default=str,
+            )
+            + "\n"
+        )
 
     @classmethod
     def from_json(cls, text: str) -> "SweepSpec":
         raw = json.loads(text)
-        return cls(raw["config_file"], dict(raw["base"]), list(raw["overrides"]), dict(raw["axes"]), dict(raw.get("variants", {})),
-                   raw.get("backend", "ray"))
+        return cls(
+            raw["config_file"],
+            dict(raw["base"]),
+            list(raw["overrides"]),
+            dict(raw["axes"]),
+            dict(raw.get("variants", {})),
+            raw.get("backend", "ray"),
+        )
 
 
 def render(value: Any) -> str:
@@ -122,13 +151,17 @@ def parse_list(flag: str, text: str, kind: type, example: str) -> list:
     """'1,5' -> [1, 5]; empty items, wrong types and repeats are one-line errors."""
     items = [item.strip() for item in str(text).split(",")]
     if any(not item for item in items):
-        raise UserError(f"bad list for --{flag} {text!r}: give comma-separated values without blanks, e.g. --{flag} {example}")
+        raise UserError(
+            f"bad list for --{flag} {text!r}: give comma-separated values without blanks, e.g. --{flag} {example}"
+        )
     values = []
     for item in items:
         try:
             value = kind(item) if kind is not int else int(item, 10)
         except ValueError:
-            raise UserError(f"bad value {item!r} in --{flag} {text!r}: give comma-separated {kind.__name__}s, e.g. --{flag} {example}") from None
+            raise UserError(
+                f"bad value {item!r} in --{flag} {text!r}: give comma-separated {kind.__name__}s, e.g. --{flag} {example}"
+            ) from None
         if value in values:
             raise UserError(f"--{flag} {text!r} lists {item!r} twice: give each value once")
         values.append(value)
@@ -148,10 +181,14 @@ def parse_set(items: list[str]) -> tuple[list[str], dict[str, list]]:
         name = f"{section}.{key}"
         if section not in SECTIONS:
             if section not in METHODS:
-                raise UserError(f"unknown config section or method {section!r} in --set {text}: "
-                                f"use one of {', '.join(SECTIONS)}, or a method name for that method's trials only")
+                raise UserError(
+                    f"unknown config section or method {section!r} in --set {text}: "
+                    f"use one of {', '.join(SECTIONS)}, or a method name for that method's trials only"
+                )
             if "," in text.split("=", 1)[1] and not text.split("=", 1)[1].strip().startswith(("[", "{")):
-                raise UserError(f"--set {name} takes one value: sweep a method's own parameter with --methods {section} --set method.{key}=...")
+                raise UserError(
+                    f"--set {name} takes one value: sweep a method's own parameter with --methods {section} --set method.{key}=..."
+                )
         if name in FORBIDDEN_SET:
             raise UserError(f"--set {text} is not allowed in a sweep: {FORBIDDEN_SET[name]}")
         if name in seen:
@@ -170,7 +207,9 @@ def _yaml_value(name: str, text: str) -> Any:
     try:
         return yaml.safe_load(text)
     except yaml.YAMLError:
-        raise UserError(f"bad value {text!r} for --set {name}: give plain values such as 0.1, 5, true or a name") from None
+        raise UserError(
+            f"bad value {text!r} for --set {name}: give plain values such as 0.1, 5, true or a name"
+        ) from None
 
 
 def spec_from_args(args: argparse.Namespace) -> SweepSpec:
@@ -222,7 +261,9 @@ def _absolute_paths(spec: SweepSpec, config) -> None:
     """Trials run in Tune's trial directories: make relative data paths absolute up front."""
     for key, value in (("data.root", config.data.root), ("data.cache_dir", config.data.cache_dir)):
         if value and not Path(value).is_absolute() and key not in spec.axes:
-            spec.overrides = [o for o in spec.overrides if not o.startswith(f"{key}=")] + [f"{key}={Path(value).resolve()}"]
+            spec.overrides = [o for o in spec.overrides if not o.startswith(f"{key}=")] + [
+                f"{key}={Path(value).resolve()}"
+            ]
 
 
 def prepare(spec: SweepSpec) -> tuple[dict[str, Any], dict[str, int]]:

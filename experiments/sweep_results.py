@@ -1,5 +1,6 @@
 """Results of `fedsim sweep`: Tune's ResultGrid -> one record per trial (:func:`collect_records`),
 written as ``results.csv`` and ``rounds.csv`` (:func:`write_results`)."""
+
 from __future__ import annotations
 
 import csv
@@ -43,12 +44,15 @@ def _attempt(rows: list[dict]) -> list[dict]:
 
 def _history(rows: list[dict]) -> list[dict]:
     """The fixed columns of ``rounds.csv`` for each round of the last attempt."""
-    return [{
-        "round": int(_cell(row["round"])),
-        "target_accuracy": _cell(row.get("target_accuracy")),
-        "mean_source_accuracy": _cell(row.get("mean_source_accuracy")),
-        "bytes_total": (_int(row.get("bytes_sent_total")) or 0) + (_int(row.get("bytes_received_total")) or 0),
-    } for row in rows]
+    return [
+        {
+            "round": int(_cell(row["round"])),
+            "target_accuracy": _cell(row.get("target_accuracy")),
+            "mean_source_accuracy": _cell(row.get("mean_source_accuracy")),
+            "bytes_total": (_int(row.get("bytes_sent_total")) or 0) + (_int(row.get("bytes_received_total")) or 0),
+        }
+        for row in rows
+    ]
 
 
 def _numbers(row: dict, prefix: str = "") -> dict[str, float]:
@@ -57,7 +61,7 @@ def _numbers(row: dict, prefix: str = "") -> dict[str, float]:
     for key, value in row.items():
         value = _cell(value)
         if key.startswith(prefix) and isinstance(value, (int, float)) and not isinstance(value, bool):
-            out[key[len(prefix):]] = value
+            out[key[len(prefix) :]] = value
     return out
 
 
@@ -113,8 +117,21 @@ def write_results(out: Path, records: list[dict]) -> tuple[Path, Path]:
     for record in records:
         param_names += [k for k in record["params"] if k not in param_names]
     results_path, rounds_path = out / "results.csv", out / "rounds.csv"
-    fields = ["trial_id", "status"] + param_names + ["benchmark", "target", "rounds", "target_accuracy", "mean_source_accuracy",
-                                                     "bytes_sent", "bytes_received", "wall_seconds", "client_nodes"]
+    fields = (
+        ["trial_id", "status"]
+        + param_names
+        + [
+            "benchmark",
+            "target",
+            "rounds",
+            "target_accuracy",
+            "mean_source_accuracy",
+            "bytes_sent",
+            "bytes_received",
+            "wall_seconds",
+            "client_nodes",
+        ]
+    )
     if any(r.get("error") for r in records):
         fields.append("error")
     with results_path.open("w", newline="") as fh:
@@ -123,7 +140,9 @@ def write_results(out: Path, records: list[dict]) -> tuple[Path, Path]:
         for r in records:
             writer.writerow({**{k: r.get(k) for k in fields if k not in param_names}, **r["params"]})
     with rounds_path.open("w", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=["trial_id", "round", "target_accuracy", "mean_source_accuracy", "bytes_total"])
+        writer = csv.DictWriter(
+            fh, fieldnames=["trial_id", "round", "target_accuracy", "mean_source_accuracy", "bytes_total"]
+        )
         writer.writeheader()
         for r in records:
             for h in r["history"]:

@@ -1,6 +1,7 @@
 """One trial of `fedsim sweep`: the actors and resources it reserves (:func:`plan_trial`,
 :class:`TrialResources`) and what runs inside it (:func:`run_trial`, Tune's trainable, and the
 :class:`TuneReport` callback that sends every round's metrics to Tune)."""
+
 from __future__ import annotations
 
 import math
@@ -39,7 +40,9 @@ def plan_trial(config, num_clients: int, cluster: dict[str, float], backend: str
     total_cpus = cluster.get("CPU", 0.0)
     if backend == "local":
         if cpus > total_cpus + 1e-9:
-            raise UserError(f"a trial needs {cpus:g} CPUs (resources.cpus_per_client) but the Ray cluster has {total_cpus:g}: lower it")
+            raise UserError(
+                f"a trial needs {cpus:g} CPUs (resources.cpus_per_client) but the Ray cluster has {total_cpus:g}: lower it"
+            )
         return TrialPlan(0, cpus, gpus)
     if cpus + TRIAL_CPUS > total_cpus + 1e-9:
         raise UserError(
@@ -47,7 +50,9 @@ def plan_trial(config, num_clients: int, cluster: dict[str, float], backend: str
             f"for the trial) but the Ray cluster has {total_cpus:g} now: lower --cpus-per-client, or wait for worker nodes (ray status)"
         )
     if gpus > cluster.get("GPU", 0.0) + 1e-9:
-        raise UserError(f"--gpus-per-client {gpus:g} is more than the {cluster['GPU']:g} GPUs of the Ray cluster: lower it")
+        raise UserError(
+            f"--gpus-per-client {gpus:g} is more than the {cluster['GPU']:g} GPUs of the Ray cluster: lower it"
+        )
     count = num_clients
     if config.ray.max_actors:
         count = min(count, config.ray.max_actors)
@@ -100,8 +105,11 @@ class TuneReport(Callback):
         if metrics.get("client_nodes"):  # recorded in the first round the server runs
             self.nodes = ",".join(sorted(set(metrics["client_nodes"])))
         row = flatten(metrics)
-        row.update(bytes_sent_total=self.sent, bytes_received_total=self.received,
-                   elapsed_seconds=round(time.perf_counter() - self.started, 3))
+        row.update(
+            bytes_sent_total=self.sent,
+            bytes_received_total=self.received,
+            elapsed_seconds=round(time.perf_counter() - self.started, 3),
+        )
         if self.nodes:
             row["client_nodes"] = self.nodes
         report = self._report
@@ -127,7 +135,9 @@ def run_trial(params: dict, spec_json: str = "", sweep_dir: str = "") -> None:
     actors = len(request.bundles) - (0 if request.head_bundle_is_empty else 1)
     point = {k: v for k, v in params.items() if "." in k}
     spec = SweepSpec.from_json(spec_json)
-    extra = ("run.progress=false",) + (("run.backend=local",) if spec.backend == "local" else ("run.backend=ray", f"ray.max_actors={max(1, actors)}"))
+    extra = ("run.progress=false",) + (
+        ("run.backend=local",) if spec.backend == "local" else ("run.backend=ray", f"ray.max_actors={max(1, actors)}")
+    )
     config = spec.config_for(point, extra)
     out_dir = Path(sweep_dir) / RUNS_DIR / context.get_trial_id()
     reporter = TuneReport()
@@ -139,8 +149,11 @@ def summary_row(summary: dict, nodes: str) -> dict:
     """The last result of a trial: the run's summary under ``summary/`` (its presence marks the trial finished),
     every number of it flattened (``summary/source_accuracy/usps``, ``summary/final_detection/wg/A_com``)."""
     sources = list((summary.get("source_accuracy") or {}).values())
-    row = {f"summary/{key}": value for key, value in flatten(summary).items()
-           if isinstance(value, (int, float)) and not isinstance(value, bool)}
+    row = {
+        f"summary/{key}": value
+        for key, value in flatten(summary).items()
+        if isinstance(value, (int, float)) and not isinstance(value, bool)
+    }
     if sources:
         row["summary/mean_source_accuracy"] = sum(sources) / len(sources)
     if nodes:

@@ -7,6 +7,7 @@
 Backends are found by name (``BACKENDS``) and imported only when used, so ``import fedsim``
 never imports Ray: the Ray backend lives in ``actors/``.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -25,10 +26,19 @@ log = logging.getLogger(__name__)
 BACKENDS = {"local": "fedsim.api:open_local", "ray": "actors.backend:open_server"}
 #: keyword arguments of :func:`run` -> config keys (the same names as the CLI flags)
 SHORT_KEYS = {
-    "method": "method.name", "benchmark": "data.benchmark", "target": "data.target", "sources": "data.sources",
-    "rounds": "run.rounds", "local_epochs": "method.local_epochs", "clients_per_domain": "data.clients_per_domain",
-    "clients_per_round": "run.clients_per_round", "seed": "run.seed", "backend": "run.backend", "address": "run.address",
-    "cpus_per_client": "resources.cpus_per_client", "gpus_per_client": "resources.gpus_per_client",
+    "method": "method.name",
+    "benchmark": "data.benchmark",
+    "target": "data.target",
+    "sources": "data.sources",
+    "rounds": "run.rounds",
+    "local_epochs": "method.local_epochs",
+    "clients_per_domain": "data.clients_per_domain",
+    "clients_per_round": "run.clients_per_round",
+    "seed": "run.seed",
+    "backend": "run.backend",
+    "address": "run.address",
+    "cpus_per_client": "resources.cpus_per_client",
+    "gpus_per_client": "resources.gpus_per_client",
 }
 
 
@@ -40,7 +50,9 @@ class RunResult:
     federation: Federation
 
 
-def open_local(config: ExperimentConfig, federation: Federation, num_cpus: Optional[int] = None) -> tuple[Any, Callable[[], None]]:
+def open_local(
+    config: ExperimentConfig, federation: Federation, num_cpus: Optional[int] = None
+) -> tuple[Any, Callable[[], None]]:
     """Every client in this process, served one after the other (deterministic, for debugging and tests)."""
     from fedsim.runtime import LocalExecutor, Server
 
@@ -49,7 +61,11 @@ def open_local(config: ExperimentConfig, federation: Federation, num_cpus: Optio
 
 
 def run_experiment(
-    config: ExperimentConfig, out_dir: Optional[Path] = None, callbacks=None, num_cpus: Optional[int] = None, resume: Optional[dict] = None,
+    config: ExperimentConfig,
+    out_dir: Optional[Path] = None,
+    callbacks=None,
+    num_cpus: Optional[int] = None,
+    resume: Optional[dict] = None,
 ) -> RunResult:
     """Build the scenario, start the backend, run all rounds, shut the backend down.
 
@@ -72,13 +88,20 @@ def run_experiment(
         close()
 
 
-def run(config: ExperimentConfig | str | Path | None = None, out: Optional[str | Path] = None, set: Optional[Mapping[str, Any]] = None, **settings) -> RunResult:
+def run(
+    config: ExperimentConfig | str | Path | None = None,
+    out: Optional[str | Path] = None,
+    set: Optional[Mapping[str, Any]] = None,
+    **settings,
+) -> RunResult:
     """Run one experiment; ``config`` is an ExperimentConfig or a YAML file, ``settings`` the CLI's names
     (``method``, ``benchmark``, ``target``, ``rounds``, ``local_epochs``, ``seed``, ``backend``, ...),
     ``set`` any dotted key (``{"method.lr": 0.01}``). Without a config: the local backend, no progress bar."""
     unknown = sorted(name for name in settings if name not in SHORT_KEYS)
     if unknown:
-        raise UserError(f"fedsim.run got unknown argument(s) {unknown}: use {', '.join(SHORT_KEYS)}, or set={{'section.key': value}}")
+        raise UserError(
+            f"fedsim.run got unknown argument(s) {unknown}: use {', '.join(SHORT_KEYS)}, or set={{'section.key': value}}"
+        )
     overrides = [f"{SHORT_KEYS[k]}={_as_text(v)}" for k, v in settings.items() if v is not None]
     overrides += [f"{k}={_as_text(v)}" for k, v in (set or {}).items()]
     if isinstance(config, ExperimentConfig):

@@ -6,6 +6,7 @@ Unknown keys are rejected with the closest valid name. Method-specific
 parameters live in ``method.<name>`` and are checked against the method's own
 ``Params`` dataclass (for example ``method.mu`` for FedProx).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -98,8 +99,10 @@ class RayConfig:
 
 #: keys that moved to the ``ray`` section: an old config gets one line naming the new key
 MOVED_KEYS = {
-    "run.inject_faults": "ray.inject_faults", "resources.max_restarts": "ray.max_restarts",
-    "resources.call_timeout_s": "ray.call_timeout_s", "resources.max_actors": "ray.max_actors",
+    "run.inject_faults": "ray.inject_faults",
+    "resources.max_restarts": "ray.max_restarts",
+    "resources.call_timeout_s": "ray.call_timeout_s",
+    "resources.max_actors": "ray.max_actors",
 }
 
 
@@ -147,7 +150,9 @@ def _build(cls: type, values: dict, where: str, extra_valid: tuple[str, ...] = (
     for key, value in values.items():
         if key not in valid:
             moved = MOVED_KEYS.get(f"{where}.{key}")
-            hint = f"it moved to {moved!r} (Ray backend settings)" if moved else _closest(key, valid + list(extra_valid))
+            hint = (
+                f"it moved to {moved!r} (Ray backend settings)" if moved else _closest(key, valid + list(extra_valid))
+            )
             raise UserError(f"unknown config key '{where}.{key}': {hint}")
         kwargs[key] = coerce_value(value, hints[key], f"{where}.{key}")
     return cls(**kwargs)
@@ -214,7 +219,9 @@ def build_config(raw: dict) -> ExperimentConfig:
         benchmark_name = str(data_raw.get("benchmark", DataConfig.benchmark))
         default_target = getattr(BENCHMARKS.get(benchmark_name), "default_target", None)
         if default_target is None:
-            raise UserError(f"benchmark {benchmark_name!r} has no default target domain: pass --target (see 'fedsim list')")
+            raise UserError(
+                f"benchmark {benchmark_name!r} has no default target domain: pass --target (see 'fedsim list')"
+            )
         data_raw["target"] = default_target
         sections["data"] = data_raw
     params_cls = getattr(method_cls, "Params", NoParams)
@@ -246,7 +253,9 @@ def build_config(raw: dict) -> ExperimentConfig:
     return config
 
 
-def load_config(path: str | Path | None = None, overrides: list[str] | None = None, base: dict | None = None) -> ExperimentConfig:
+def load_config(
+    path: str | Path | None = None, overrides: list[str] | None = None, base: dict | None = None
+) -> ExperimentConfig:
     """YAML file (optional) + dotted overrides -> validated ExperimentConfig."""
     raw: dict = {k: dict(v) for k, v in (base or {}).items()}
     if path is not None:

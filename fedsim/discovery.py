@@ -4,6 +4,7 @@ A new method, benchmark or model is one new file: no list to edit. A module
 whose optional dependency is missing (:class:`fedsim.errors.MissingDependency`)
 is skipped and its reason returned, so listing works without, say, torchvision.
 """
+
 from __future__ import annotations
 
 import importlib

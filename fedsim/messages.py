@@ -5,6 +5,7 @@ on read). ``nbytes`` is what a real deployment would put on the wire for this
 message (the tensors' buffers); it is computed once and used for the
 communication accounting in ``metrics.jsonl``.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field

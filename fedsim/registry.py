@@ -10,6 +10,7 @@ for POT, scikit-learn or torchvision. Listing the names, or a name whose file
 is named otherwise, imports every module of the package (see
 :mod:`fedsim.discovery`), so a new method is still one new file.
 """
+
 from __future__ import annotations
 
 import difflib

@@ -4,6 +4,7 @@ Each random draw in a simulation uses its own seed, computed from what it is
 for rather than from a global stream, so the result does not depend on the
 order in which clients run, on how many actors there are, or on the backend.
 """
+
 from __future__ import annotations
 
 import random
@@ -29,7 +30,9 @@ def derive_seed(root: int, *parts) -> int:
     True
     """
     sequence = np.random.SeedSequence([_key(root)] + [_key(p) for p in parts])
-    return int(sequence.generate_state(2, dtype=np.uint32).astype(np.uint64) @ np.array([1 << 31, 1], dtype=np.uint64)) & ((1 << 63) - 1)
+    return int(
+        sequence.generate_state(2, dtype=np.uint32).astype(np.uint64) @ np.array([1 << 31, 1], dtype=np.uint64)
+    ) & ((1 << 63) - 1)
 
 
 def numpy_rng(root: int, *parts) -> np.random.Generator:

@@ -3,6 +3,7 @@
 Every check ends in one :class:`fedsim.errors.UserError` line naming the key and the fix; the CLI
 turns it into exit code 2 before anything is written.
 """
+
 from __future__ import annotations
 
 import typing
@@ -59,30 +60,74 @@ def coerce_value(value: Any, annotation: Any, where: str) -> Any:
     return value
 
 
-
 def validate(config) -> None:
     """Range checks that do not need the data."""
     checks = [
-        (config.run.rounds > 0, f"run.rounds must be a positive integer, got {config.run.rounds}: pass --rounds 1 or more"),
-        (config.method.local_epochs > 0, f"method.local_epochs must be positive, got {config.method.local_epochs}: pass --local-epochs 1 or more"),
+        (
+            config.run.rounds > 0,
+            f"run.rounds must be a positive integer, got {config.run.rounds}: pass --rounds 1 or more",
+        ),
+        (
+            config.method.local_epochs > 0,
+            f"method.local_epochs must be positive, got {config.method.local_epochs}: pass --local-epochs 1 or more",
+        ),
         (config.method.batch_size > 0, f"method.batch_size must be positive, got {config.method.batch_size}"),
         (config.method.lr > 0, f"method.lr must be positive, got {config.method.lr}"),
-        (config.data.clients_per_domain > 0, f"data.clients_per_domain must be positive, got {config.data.clients_per_domain}: pass --clients-per-domain 1 or more"),
-        (config.data.partition in ("iid", "dirichlet"), f"data.partition must be 'iid' or 'dirichlet', got {config.data.partition!r}"),
-        (config.data.normalization in ("auto", "none", "federated", "per-domain"), f"data.normalization must be auto, none, federated or per-domain, got {config.data.normalization!r}"),
-        (config.data.target not in config.data.sources, f"data.sources must not contain the target {config.data.target!r}"),
+        (
+            config.data.clients_per_domain > 0,
+            f"data.clients_per_domain must be positive, got {config.data.clients_per_domain}: pass --clients-per-domain 1 or more",
+        ),
+        (
+            config.data.partition in ("iid", "dirichlet"),
+            f"data.partition must be 'iid' or 'dirichlet', got {config.data.partition!r}",
+        ),
+        (
+            config.data.normalization in ("auto", "none", "federated", "per-domain"),
+            f"data.normalization must be auto, none, federated or per-domain, got {config.data.normalization!r}",
+        ),
+        (
+            config.data.target not in config.data.sources,
+            f"data.sources must not contain the target {config.data.target!r}",
+        ),
         (config.data.dirichlet_alpha > 0, f"data.dirichlet_alpha must be positive, got {config.data.dirichlet_alpha}"),
-        (config.run.backend in ("ray", "local"), f"run.backend must be 'ray' or 'local', got {config.run.backend!r}: pass --backend ray or --backend local"),
-        (config.run.clients_per_round is None or config.run.clients_per_round > 0, f"run.clients_per_round must be positive, got {config.run.clients_per_round}: pass a count or a fraction"),
-        (config.run.checkpoint_every >= 0, f"run.checkpoint_every must be 0 (off) or positive, got {config.run.checkpoint_every}"),
+        (
+            config.run.backend in ("ray", "local"),
+            f"run.backend must be 'ray' or 'local', got {config.run.backend!r}: pass --backend ray or --backend local",
+        ),
+        (
+            config.run.clients_per_round is None or config.run.clients_per_round > 0,
+            f"run.clients_per_round must be positive, got {config.run.clients_per_round}: pass a count or a fraction",
+        ),
+        (
+            config.run.checkpoint_every >= 0,
+            f"run.checkpoint_every must be 0 (off) or positive, got {config.run.checkpoint_every}",
+        ),
         (config.run.eval_every > 0, f"run.eval_every must be positive, got {config.run.eval_every}"),
-        (config.resources.cpus_per_client > 0, f"resources.cpus_per_client must be positive, got {config.resources.cpus_per_client}: pass --cpus-per-client 0.5 or more"),
+        (
+            config.resources.cpus_per_client > 0,
+            f"resources.cpus_per_client must be positive, got {config.resources.cpus_per_client}: pass --cpus-per-client 0.5 or more",
+        ),
         (config.ray.max_restarts >= 0, f"ray.max_restarts must be 0 or more, got {config.ray.max_restarts}"),
-        (config.ray.call_timeout_s >= 0, f"ray.call_timeout_s must be 0 (wait forever) or more, got {config.ray.call_timeout_s}"),
-        (config.ray.max_actors is None or config.ray.max_actors > 0, f"ray.max_actors must be positive, got {config.ray.max_actors}"),
-        (config.ray.inject_faults >= 0, f"ray.inject_faults must be 0 or more, got {config.ray.inject_faults}: pass --inject-faults 0 or more"),
-        (config.resources.gpus_per_client >= 0, f"resources.gpus_per_client must be 0 or more, got {config.resources.gpus_per_client}"),
-        (config.data.max_train_per_domain is None or config.data.max_train_per_domain > 0, "data.max_train_per_domain must be positive"),
+        (
+            config.ray.call_timeout_s >= 0,
+            f"ray.call_timeout_s must be 0 (wait forever) or more, got {config.ray.call_timeout_s}",
+        ),
+        (
+            config.ray.max_actors is None or config.ray.max_actors > 0,
+            f"ray.max_actors must be positive, got {config.ray.max_actors}",
+        ),
+        (
+            config.ray.inject_faults >= 0,
+            f"ray.inject_faults must be 0 or more, got {config.ray.inject_faults}: pass --inject-faults 0 or more",
+        ),
+        (
+            config.resources.gpus_per_client >= 0,
+            f"resources.gpus_per_client must be 0 or more, got {config.resources.gpus_per_client}",
+        ),
+        (
+            config.data.max_train_per_domain is None or config.data.max_train_per_domain > 0,
+            "data.max_train_per_domain must be positive",
+        ),
     ]
     for ok, message in checks:
         if not ok:

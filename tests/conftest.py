@@ -1,4 +1,5 @@
 """Shared fixtures: a tiny npz federation (fast), one Ray cluster for the whole session."""
+
 from __future__ import annotations
 
 import os
@@ -64,7 +65,11 @@ class RecordingExecutor(LocalExecutor):
 
     @property
     def log(self) -> list[tuple]:
-        return [(rnd, cid, ins[cid].operation, reply) for rnd, (ins, reps) in zip(self.call_rounds, self.calls) for cid, reply in reps.items()]
+        return [
+            (rnd, cid, ins[cid].operation, reply)
+            for rnd, (ins, reps) in zip(self.call_rounds, self.calls)
+            for cid, reply in reps.items()
+        ]
 
     @property
     def replies(self) -> list:

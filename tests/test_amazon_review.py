@@ -1,4 +1,5 @@
 """Amazon Review loader on tiny files in both supported layouts; FADA on Amazon Review and Office-Caltech10 files."""
+
 from dataclasses import dataclass
 
 import numpy as np
@@ -46,7 +47,9 @@ def write_npz(root):
     counts, y = corpus()
     start = 0
     for domain, size in zip(DOMAINS, SIZES):
-        np.savez(root / f"{domain}.npz", x=counts[start : start + size], y=(y[start : start + size] > 0).astype(np.int64))
+        np.savez(
+            root / f"{domain}.npz", x=counts[start : start + size], y=(y[start : start + size] > 0).astype(np.int64)
+        )
         start += size
     return counts, y
 
@@ -87,7 +90,9 @@ def test_layouts_give_the_same_domains(tmp_path, layout):
 
 def test_variants_and_dense_documents_by_features(tmp_path):
     counts, y = write_mat(tmp_path, xx=None)
-    scipy.io.savemat(str(tmp_path / "amazon.mat"), {"xx": counts, "yy": (y > 0).astype(int), "offset": np.array([0, 20, 44, 60, 80])})
+    scipy.io.savemat(
+        str(tmp_path / "amazon.mat"), {"xx": counts, "yy": (y > 0).astype(int), "offset": np.array([0, 20, 44, 60, 80])}
+    )
     plain = bench(tmp_path).load("dvd")
     binary = bench(tmp_path, variant="binary").load("dvd")
     log1p = bench(tmp_path, variant="log1p").load("dvd")
@@ -151,7 +156,10 @@ def _office_caltech_files(root):
     rng = np.random.default_rng(3)
     for d in OC_DOMAINS:
         labels = np.arange(40) % 10 + 1
-        scipy.io.savemat(str(root / f"{d}_decaf.mat"), {"feas": rng.normal(size=(40, 12)) + labels[:, None], "labels": labels.reshape(-1, 1)})
+        scipy.io.savemat(
+            str(root / f"{d}_decaf.mat"),
+            {"feas": rng.normal(size=(40, 12)) + labels[:, None], "labels": labels.reshape(-1, 1)},
+        )
 
 
 @pytest.mark.parametrize("benchmark, target", [("amazon_review", "kitchen"), ("office_caltech", "dslr")])
@@ -159,11 +167,22 @@ def test_fada_runs_on_feature_benchmarks(tmp_path, benchmark, target):
     data = tmp_path / "data"
     data.mkdir()
     write_npz(data) if benchmark == "amazon_review" else _office_caltech_files(data)
-    config = load_config(None, [
-        f"data.benchmark={benchmark}", f"data.root={data}", f"data.target={target}", f"data.cache_dir={tmp_path / 'cache'}",
-        "method.name=fada", "method.batch_size=8", "method.gap_references=2", "run.rounds=1", "run.backend=local",
-        "run.progress=false", "run.tensorboard=false",
-    ])
+    config = load_config(
+        None,
+        [
+            f"data.benchmark={benchmark}",
+            f"data.root={data}",
+            f"data.target={target}",
+            f"data.cache_dir={tmp_path / 'cache'}",
+            "method.name=fada",
+            "method.batch_size=8",
+            "method.gap_references=2",
+            "run.rounds=1",
+            "run.backend=local",
+            "run.progress=false",
+            "run.tensorboard=false",
+        ],
+    )
     result = run_experiment(config)
     metrics = result.history[-1]
     assert 0.0 <= result.summary["target_accuracy"] <= 1.0

@@ -1,4 +1,5 @@
 """The Python API: ``fedsim.run`` returns the summary and the per-round history, as ``fedsim run`` writes them."""
+
 import subprocess
 import sys
 
@@ -10,7 +11,11 @@ from fedsim.errors import UserError
 
 def test_readme_example_runs_and_returns_summary_and_history(toy_root, tmp_path):
     result = fedsim.run(
-        method="fedavg", benchmark="npz", target="dom1", rounds=2, backend="local",
+        method="fedavg",
+        benchmark="npz",
+        target="dom1",
+        rounds=2,
+        backend="local",
         set={"data.root": toy_root, "data.cache_dir": str(tmp_path / "cache"), "method.batch_size": 16},
     )
     assert result.summary["method"] == "fedavg" and result.summary["rounds"] == 2
@@ -40,4 +45,7 @@ def test_import_fedsim_imports_neither_ray_nor_torch():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     assert out[0] == "False"
     code = "import sys, fedsim; print('ray' in sys.modules, 'torch' in sys.modules)"
-    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split() == ["False", "False"]
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split() == [
+        "False",
+        "False",
+    ]

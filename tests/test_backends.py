@@ -1,8 +1,9 @@
 """The local and the Ray backend give the same numbers for the same seed."""
+
 import numpy as np
 import pytest
-
 from conftest import assert_same_results, write_image_domains
+
 from fedsim.api import run_experiment
 from fedsim.config import load_config
 
@@ -15,7 +16,13 @@ def test_local_and_ray_agree(method_name, toy_overrides, ray_cluster, tmp_path):
     if method_name == "centralized":
         (tmp_path / "images").mkdir()
         root = write_image_domains(str(tmp_path / "images"))
-        overrides += [f"data.root={root}", "data.target=img2", "data.normalization=none", "model.name=cnn", "model.hidden=16"]
+        overrides += [
+            f"data.root={root}",
+            "data.target=img2",
+            "data.normalization=none",
+            "model.name=cnn",
+            "model.hidden=16",
+        ]
     results = {}
     for backend in ("local", "ray"):
         config = load_config(None, overrides + [f"method.name={method_name}", f"run.backend={backend}", "run.seed=3"])

@@ -1,4 +1,5 @@
 """The benchmark scripts run and print consistent figures (smoke runs on tiny settings; no timing target is asserted)."""
+
 import re
 import subprocess
 import sys
@@ -37,7 +38,10 @@ def test_overhead_three_ways_agree():
     assert len({row[7] for row in rows.values()}) == 1  # the same model, bit for bit, three ways
     floor_usps = float(re.search(r"floor accuracies: \{'usps': " + NUMBER, out).group(1))
     assert abs(floor_usps - rows[WAYS[0]][7]) <= 5e-5
-    ray = re.search(r"cluster start-up " + NUMBER + r" s, run_experiment " + NUMBER + r" s \(of which rounds " + NUMBER + r" s\)", out)
+    ray = re.search(
+        r"cluster start-up " + NUMBER + r" s, run_experiment " + NUMBER + r" s \(of which rounds " + NUMBER + r" s\)",
+        out,
+    )
     assert ray, out
     start, run, rounds = (float(v) for v in ray.groups())
     assert start > 0 and abs(rounds - rows[WAYS[2]][0]) <= 0.01 and rounds <= run
@@ -48,8 +52,17 @@ def test_overhead_three_ways_agree():
 def test_scale_prints_rounds_memory_and_flatness(tmp_path):
     out = _run("experiments.benchmarks.scale", "--sizes", "40", "--rounds", "3", "--flat-rounds", "70")
     size = re.search(
-        r"features, 40 clients .*clients\s+(\d+)\s+mean round\s+" + NUMBER + r" s\s+median\s+" + NUMBER
-        + r" s\s+final eval round\s+" + NUMBER + r" s\s+wall\s+" + NUMBER + r" s\s+peak RSS\s+" + NUMBER + r" GiB \((\d+) processes\)",
+        r"features, 40 clients .*clients\s+(\d+)\s+mean round\s+"
+        + NUMBER
+        + r" s\s+median\s+"
+        + NUMBER
+        + r" s\s+final eval round\s+"
+        + NUMBER
+        + r" s\s+wall\s+"
+        + NUMBER
+        + r" s\s+peak RSS\s+"
+        + NUMBER
+        + r" GiB \((\d+) processes\)",
         out,
     )
     assert size, out
@@ -57,7 +70,10 @@ def test_scale_prints_rounds_memory_and_flatness(tmp_path):
     assert clients == 40 and 0 < mean < wall and 0 < median < wall and 0 < final < wall and peak > 0 and processes >= 2
     flat = re.search(r"flat memory, 1000 clients, rounds 10-40 vs 41-70 \(peaks\): (.*)", out)
     assert flat, out
-    parts = re.findall(r"(driver RSS|all processes RSS|object store) " + NUMBER + r" -> " + NUMBER + r" MiB \(([+-]\d+\.\d) %\)", flat.group(1))
+    parts = re.findall(
+        r"(driver RSS|all processes RSS|object store) " + NUMBER + r" -> " + NUMBER + r" MiB \(([+-]\d+\.\d) %\)",
+        flat.group(1),
+    )
     assert [p[0] for p in parts] == ["driver RSS", "all processes RSS", "object store"], flat.group(1)
     for name, early, late, growth in parts:
         early, late = float(early), float(late)
@@ -67,13 +83,30 @@ def test_scale_prints_rounds_memory_and_flatness(tmp_path):
 
 
 def test_scale_rejects_a_too_short_flatness_run():
-    result = subprocess.run([sys.executable, "-m", "experiments.benchmarks.scale", "--flat-rounds", "20"], capture_output=True, text=True)
+    result = subprocess.run(
+        [sys.executable, "-m", "experiments.benchmarks.scale", "--flat-rounds", "20"], capture_output=True, text=True
+    )
     assert result.returncode == 2 and "--flat-rounds must be at least 70" in result.stderr
 
 
 def test_feddadil_ot_reports_the_ot_share(toy_root, tmp_path):
-    out = _run("experiments.benchmarks.feddadil_ot", "--benchmark", "npz", "--target", "dom1", "--rounds", "2",
-               "--set", f"data.root={toy_root}", "--set", f"data.cache_dir={tmp_path}", "--set", "method.samples_per_atom=20", "--set", "method.batch_size=16")
+    out = _run(
+        "experiments.benchmarks.feddadil_ot",
+        "--benchmark",
+        "npz",
+        "--target",
+        "dom1",
+        "--rounds",
+        "2",
+        "--set",
+        f"data.root={toy_root}",
+        "--set",
+        f"data.cache_dir={tmp_path}",
+        "--set",
+        "method.samples_per_atom=20",
+        "--set",
+        "method.batch_size=16",
+    )
     rows = re.findall(r"^\s*(\d+)\s+(\S+)\s+" + NUMBER + r"\s+" + NUMBER + r"\s+(\d+)\s+" + NUMBER + "%", out, re.M)
     assert [int(r[0]) for r in rows] == list(range(1, len(rows) + 1)) and len(rows) >= 2, out
     for _, _, seconds, pot, calls, share in rows:

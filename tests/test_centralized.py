@@ -1,8 +1,10 @@
 """Centralized source-only reference: who uploads, what the server pools, determinism."""
+
 import pickle
 
 import numpy as np
 import torch
+from conftest import RecordingExecutor, run_until
 
 from fedsim.api import run_experiment
 from fedsim.config import load_config
@@ -16,8 +18,6 @@ from fedsim.runtime import LocalExecutor, Server
 from fedsim.runtime.client_host import torch_threads
 from fedsim.runtime.server import SERVER_THREADS
 from fedsim.seeding import derive_seed
-
-from conftest import RecordingExecutor, run_until
 
 
 def _server(overrides, executor_cls=LocalExecutor):
@@ -95,7 +95,9 @@ def test_local_backend_is_deterministic(toy_overrides, tmp_path):
 
 
 def test_server_pool_holds_exactly_the_source_training_samples(toy_overrides):
-    config, federation, server = _server(toy_overrides + ["method.name=centralized", "data.clients_per_domain=2", "data.normalization=none"])
+    config, federation, server = _server(
+        toy_overrides + ["method.name=centralized", "data.clients_per_domain=2", "data.normalization=none"]
+    )
     assert "pool" not in server.state
     server.run_round(1, evaluate=False)
     pool = server.state["pool"]
@@ -113,7 +115,9 @@ def test_server_pool_holds_exactly_the_source_training_samples(toy_overrides):
 def test_resume_after_checkpoint_keeps_the_pool(toy_overrides, tmp_path):
     from fedsim.runtime.checkpoint import load_checkpoint
 
-    config = load_config(None, toy_overrides + ["method.name=centralized", "run.rounds=4", "run.checkpoint_every=2", "run.backend=local"])
+    config = load_config(
+        None, toy_overrides + ["method.name=centralized", "run.rounds=4", "run.checkpoint_every=2", "run.backend=local"]
+    )
     full = run_experiment(config, tmp_path / "full")
     run_until(config, tmp_path / "partial", 3)
     saved = load_checkpoint(tmp_path / "partial")

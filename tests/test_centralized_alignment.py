@@ -1,6 +1,8 @@
 """Centralized DANN / MMD references: flagged centralized, the target uploads inputs only, the schedule is FedDANN's."""
+
 import numpy as np
 import pytest
+from conftest import RecordingExecutor
 
 from fedsim.config import load_config
 from fedsim.data.scenario import build_federation
@@ -9,8 +11,6 @@ from fedsim.methods.dann import DANN, CentralizedAlignment
 from fedsim.methods.feddann import FedDANN
 from fedsim.methods.mmd import MMD
 from fedsim.runtime import Server
-
-from conftest import RecordingExecutor
 
 
 def test_references_are_flagged_centralized_and_share_the_federated_losses():

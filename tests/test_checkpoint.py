@@ -1,13 +1,14 @@
 """Checkpoint and resume: a run killed with SIGKILL continues to the same summary."""
+
 import json
+
 import pytest
+from conftest import run_until
 
 from fedsim.api import run_experiment
 from fedsim.config import load_config
 from fedsim.errors import UserError
 from fedsim.runtime.checkpoint import CHECKPOINT_FILE, load_checkpoint
-
-from conftest import run_until
 
 
 def _same_summary(a: dict, b: dict) -> None:
@@ -58,13 +59,22 @@ def test_sigkill_midway_then_resume_gives_the_same_summary(toy_overrides, tmp_pa
     import time
 
     flags = []
-    for item in toy_overrides + ["run.rounds=300", "run.checkpoint_every=3", "run.progress=false", "run.tensorboard=false"]:
+    for item in toy_overrides + [
+        "run.rounds=300",
+        "run.checkpoint_every=3",
+        "run.progress=false",
+        "run.tensorboard=false",
+    ]:
         flags += ["--set", item]
     command = [sys.executable, "-m", "experiments.cli", "run", "-q", "--backend", "local"]
-    reference = subprocess.run(command + ["--out", str(tmp_path / "reference")] + flags, capture_output=True, text=True, timeout=300)
+    reference = subprocess.run(
+        command + ["--out", str(tmp_path / "reference")] + flags, capture_output=True, text=True, timeout=300
+    )
     assert reference.returncode == 0, reference.stderr
     victim_dir = tmp_path / "victim"
-    victim = subprocess.Popen(command + ["--out", str(victim_dir)] + flags, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    victim = subprocess.Popen(
+        command + ["--out", str(victim_dir)] + flags, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     deadline = time.time() + 240
     while time.time() < deadline and not (victim_dir / CHECKPOINT_FILE).exists():
         time.sleep(0.01)
@@ -75,7 +85,10 @@ def test_sigkill_midway_then_resume_gives_the_same_summary(toy_overrides, tmp_pa
         pytest.skip("the run finished before the kill landed (machine too fast for this timing)")
     resumed = subprocess.run(command + ["--resume", str(victim_dir)], capture_output=True, text=True, timeout=300)
     assert resumed.returncode == 0, resumed.stderr
-    _same_summary(json.loads((tmp_path / "reference" / "summary.json").read_text()), json.loads((victim_dir / "summary.json").read_text()))
+    _same_summary(
+        json.loads((tmp_path / "reference" / "summary.json").read_text()),
+        json.loads((victim_dir / "summary.json").read_text()),
+    )
 
 
 def test_resume_refuses_other_flags(tmp_path, capsys):

@@ -1,4 +1,5 @@
 """`fedsim run` / `fedsim list` end to end, and every bad input: one line, exit code 2, nothing written."""
+
 import json
 import re
 import subprocess
@@ -18,13 +19,26 @@ def _flags(overrides):
 
 def test_run_local_writes_outputs_and_prints_table(toy_overrides, tmp_path, capsys):
     out = tmp_path / "run"
-    code = main(["run", "--backend", "local", "--out", str(out), "--rounds", "2", "--seed", "4"] + _flags(toy_overrides))
+    code = main(
+        ["run", "--backend", "local", "--out", str(out), "--rounds", "2", "--seed", "4"] + _flags(toy_overrides)
+    )
     assert code == 0
     printed = capsys.readouterr().out
     assert "target" in printed and "dom1" in printed and "dom0" in printed
     summary = json.loads((out / "summary.json").read_text())
-    for key in ("method", "benchmark", "target", "backend", "seed", "rounds", "target_accuracy", "source_accuracy",
-                "bytes_sent", "bytes_received", "wall_seconds"):
+    for key in (
+        "method",
+        "benchmark",
+        "target",
+        "backend",
+        "seed",
+        "rounds",
+        "target_accuracy",
+        "source_accuracy",
+        "bytes_sent",
+        "bytes_received",
+        "wall_seconds",
+    ):
         assert key in summary
     assert (summary["backend"], summary["seed"], summary["rounds"]) == ("local", 4, 2)
     lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
@@ -40,14 +54,28 @@ def test_run_ray_gives_same_target_accuracy_as_local(toy_overrides, tmp_path, ra
     results = {}
     for backend in ("local", "ray"):
         out = tmp_path / backend
-        assert main(["run", "-q", "--backend", backend, "--out", str(out), "--method", "fedprox"] + _flags(toy_overrides)) == 0
+        assert (
+            main(["run", "-q", "--backend", backend, "--out", str(out), "--method", "fedprox"] + _flags(toy_overrides))
+            == 0
+        )
         results[backend] = json.loads((out / "summary.json").read_text())
     assert results["local"]["target_accuracy"] == results["ray"]["target_accuracy"]
 
 
 def test_run_with_clients_per_domain_and_dirichlet(toy_overrides, tmp_path):
     out = tmp_path / "split"
-    args = ["run", "-q", "--backend", "local", "--out", str(out), "--clients-per-domain", "3", "--set", "data.partition=dirichlet"]
+    args = [
+        "run",
+        "-q",
+        "--backend",
+        "local",
+        "--out",
+        str(out),
+        "--clients-per-domain",
+        "3",
+        "--set",
+        "data.partition=dirichlet",
+    ]
     assert main(args + _flags(toy_overrides)) == 0
     first = json.loads((out / "metrics.jsonl").read_text().splitlines()[0])
     assert len(first["train_loss"]) == 6  # 2 source domains x 3 clients
@@ -66,7 +94,9 @@ def test_list_shows_methods_benchmarks_and_domains(capsys):
             description = cls.description()
             assert description and cls.task in ("classification", "detection"), name
             # one line per entry: the name, its task, its one-line description
-            assert any(line.split()[:2] == [name, cls.task] and line.rstrip().endswith(description) for line in lines), name
+            assert any(
+                line.split()[:2] == [name, cls.task] and line.rstrip().endswith(description) for line in lines
+            ), name
     assert any(line.split()[:2] == ["fedod", "detection"] for line in lines)
 
 
@@ -136,9 +166,11 @@ def test_unreachable_address_subprocess(toy_overrides, tmp_path):
     """A real process: one line on stderr, exit code 2, no traceback, no run directory."""
     out = tmp_path / "never"
     proc = subprocess.run(
-        [sys.executable, "-m", "experiments.cli", "run", "--address", "127.0.0.1:1", "--out", str(out),
-         ] + _flags(toy_overrides),
-        capture_output=True, text=True, timeout=120,
+        [sys.executable, "-m", "experiments.cli", "run", "--address", "127.0.0.1:1", "--out", str(out)]
+        + _flags(toy_overrides),
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert proc.returncode == 2, proc.stderr
     assert "Traceback" not in proc.stderr
@@ -162,8 +194,22 @@ def test_digits_end_to_end_on_both_backends(tmp_path_factory, ray_cluster):
     out = tmp_path_factory.mktemp("digits-runs")
     summaries = {}
     for backend in ("local", "ray"):
-        args = ["run", "-q", "--backend", backend, "--target", "usps", "--rounds", "1", "--out", str(out / backend),
-                "--set", "data.max_train_per_domain=100", "--set", f"data.cache_dir={cache}"]
+        args = [
+            "run",
+            "-q",
+            "--backend",
+            backend,
+            "--target",
+            "usps",
+            "--rounds",
+            "1",
+            "--out",
+            str(out / backend),
+            "--set",
+            "data.max_train_per_domain=100",
+            "--set",
+            f"data.cache_dir={cache}",
+        ]
         assert main(args) == 0
         summaries[backend] = json.loads((out / backend / "summary.json").read_text())
     assert summaries["local"]["target_accuracy"] == summaries["ray"]["target_accuracy"]

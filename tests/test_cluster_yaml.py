@@ -1,4 +1,5 @@
 """cluster.yaml (and its commented local-provider variant) validate against Ray's own autoscaler schema."""
+
 import copy
 from pathlib import Path
 
@@ -52,7 +53,9 @@ def test_local_provider_variant_in_the_comments_validates(cluster):
     config.update(variant, head_setup_commands=[])
     prepared = _validate(config)
     assert prepared["provider"]["type"] == "local"
-    assert prepared["available_node_types"]["local.cluster.node"]["max_workers"] == len(variant["provider"]["worker_ips"])
+    assert prepared["available_node_types"]["local.cluster.node"]["max_workers"] == len(
+        variant["provider"]["worker_ips"]
+    )
 
 
 def test_validation_can_fail(cluster):

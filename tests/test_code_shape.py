@@ -1,5 +1,6 @@
 """The readability rules of the project, checked on the source: short modules, short functions, and no
 private (underscore) module reached from another package."""
+
 import ast
 from pathlib import Path
 
@@ -19,11 +20,14 @@ def _module_name(path: Path) -> str:
 @pytest.mark.parametrize("path", SOURCES, ids=lambda p: str(p.relative_to(ROOT)))
 def test_module_is_short_and_its_functions_too(path):
     text = path.read_text()
-    assert len(text.splitlines()) <= MAX_MODULE_LINES, f"{path.name}: {len(text.splitlines())} lines (at most {MAX_MODULE_LINES})"
+    assert len(text.splitlines()) <= MAX_MODULE_LINES, (
+        f"{path.name}: {len(text.splitlines())} lines (at most {MAX_MODULE_LINES})"
+    )
     long = [
         f"{node.name} ({node.end_lineno - node.lineno + 1} lines)"
         for node in ast.walk(ast.parse(text))
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+        and node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES
     ]
     assert not long, f"{path.name}: functions over {MAX_FUNCTION_LINES} lines: {long}"
 
@@ -43,7 +47,11 @@ def _imported_modules(tree: ast.AST, module: str) -> set[str]:
 def _private_module(parts: list[str]):
     """The index of the first underscore *module* (a file ``_name.py``) in a dotted name, or None."""
     for i, part in enumerate(parts):
-        if part.startswith("_") and not part.startswith("__") and (ROOT.joinpath(*parts[: i + 1]).with_suffix(".py")).is_file():
+        if (
+            part.startswith("_")
+            and not part.startswith("__")
+            and (ROOT.joinpath(*parts[: i + 1]).with_suffix(".py")).is_file()
+        ):
             return i
     return None
 
@@ -61,7 +69,12 @@ def test_no_underscore_module_is_imported_from_another_package():
             index = _private_module(parts)
             if index is not None and ".".join(parts[:index]) != package:
                 offenders.append(f"{module} imports the private module {'.'.join(parts[: index + 1])}")
-            elif index is None and parts[-1].startswith("_") and not parts[-1].startswith("__") and module.split(".")[0] in PACKAGES:
+            elif (
+                index is None
+                and parts[-1].startswith("_")
+                and not parts[-1].startswith("__")
+                and module.split(".")[0] in PACKAGES
+            ):
                 if parts[0] != module.split(".")[0]:
                     offenders.append(f"{module} imports the private name {imported}")
     assert not offenders, offenders

@@ -8,8 +8,15 @@ from fedsim.errors import UserError
 
 def test_defaults_are_the_default_experiment():
     config = load_config()
-    assert config == dataclasses.replace(ExperimentConfig(), data=dataclasses.replace(ExperimentConfig().data, target="mnistm"))
-    assert (config.data.benchmark, config.data.target, config.method.name, config.run.backend) == ("digits", "mnistm", "fedavg", "ray")
+    assert config == dataclasses.replace(
+        ExperimentConfig(), data=dataclasses.replace(ExperimentConfig().data, target="mnistm")
+    )
+    assert (config.data.benchmark, config.data.target, config.method.name, config.run.backend) == (
+        "digits",
+        "mnistm",
+        "fedavg",
+        "ray",
+    )
 
 
 def test_yaml_and_dotted_overrides(tmp_path):
@@ -80,8 +87,13 @@ def test_auto_target_is_the_benchmarks_default():
 
 
 @pytest.mark.parametrize(
-    "old, new", [("run.inject_faults=1", "ray.inject_faults"), ("resources.max_restarts=2", "ray.max_restarts"),
-                 ("resources.call_timeout_s=5", "ray.call_timeout_s"), ("resources.max_actors=2", "ray.max_actors")],
+    "old, new",
+    [
+        ("run.inject_faults=1", "ray.inject_faults"),
+        ("resources.max_restarts=2", "ray.max_restarts"),
+        ("resources.call_timeout_s=5", "ray.call_timeout_s"),
+        ("resources.max_actors=2", "ray.max_actors"),
+    ],
 )
 def test_ray_settings_moved_to_their_own_section(old, new):
     with pytest.raises(UserError, match=f"moved to '{new}'"):

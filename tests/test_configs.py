@@ -1,4 +1,5 @@
 """Every shipped config loads, names a registered method and benchmark, and is valid."""
+
 from pathlib import Path
 
 import pytest

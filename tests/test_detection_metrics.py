@@ -1,4 +1,5 @@
 """COCO mAP through pycocotools, centrally and from per-client match records (federated union)."""
+
 import contextlib
 import io
 
@@ -31,13 +32,33 @@ def pycocotools_stats(truth, dets, classes):
     from pycocotools.coco import COCO
     from pycocotools.cocoeval import COCOeval
 
-    gt = {"images": [{"id": i + 1} for i in range(len(truth))], "categories": [{"id": k + 1} for k in range(classes)], "annotations": []}
+    gt = {
+        "images": [{"id": i + 1} for i in range(len(truth))],
+        "categories": [{"id": k + 1} for k in range(classes)],
+        "annotations": [],
+    }
     for i, (boxes, labels) in enumerate(truth):
         for b, lab in zip(boxes, labels):
-            gt["annotations"].append({"id": len(gt["annotations"]) + 1, "image_id": i + 1, "category_id": int(lab) + 1, "iscrowd": 0,
-                                      "bbox": [b[0], b[1], b[2] - b[0], b[3] - b[1]], "area": (b[2] - b[0]) * (b[3] - b[1])})
-    results = [{"image_id": i + 1, "category_id": int(lab) + 1, "bbox": [b[0], b[1], b[2] - b[0], b[3] - b[1]], "score": float(s)}
-               for i, (boxes, scores, labels) in enumerate(dets) for b, s, lab in zip(boxes, scores, labels)]
+            gt["annotations"].append(
+                {
+                    "id": len(gt["annotations"]) + 1,
+                    "image_id": i + 1,
+                    "category_id": int(lab) + 1,
+                    "iscrowd": 0,
+                    "bbox": [b[0], b[1], b[2] - b[0], b[3] - b[1]],
+                    "area": (b[2] - b[0]) * (b[3] - b[1]),
+                }
+            )
+    results = [
+        {
+            "image_id": i + 1,
+            "category_id": int(lab) + 1,
+            "bbox": [b[0], b[1], b[2] - b[0], b[3] - b[1]],
+            "score": float(s),
+        }
+        for i, (boxes, scores, labels) in enumerate(dets)
+        for b, s, lab in zip(boxes, scores, labels)
+    ]
     with contextlib.redirect_stdout(io.StringIO()):
         coco = COCO()
         coco.dataset = gt
@@ -76,7 +97,9 @@ def test_federated_union_equals_central_evaluation_exactly():
 def test_perfect_empty_and_absent_classes():
     truth = [(np.array([[0, 0, 10, 10], [20, 20, 40, 40]], float), np.array([0, 1]))]
     perfect = [(truth[0][0], np.array([0.9, 0.8]), truth[0][1])]
-    assert coco_map(truth, perfect, 4) == pytest.approx({"mAP": 1.0, "AP50": 1.0})  # classes 2, 3 have no ground truth: excluded
+    assert coco_map(truth, perfect, 4) == pytest.approx(
+        {"mAP": 1.0, "AP50": 1.0}
+    )  # classes 2, 3 have no ground truth: excluded
     nothing = [(np.zeros((0, 4)), np.zeros(0), np.zeros(0, int))]
     assert coco_map(truth, nothing, 4) == {"mAP": 0.0, "AP50": 0.0}
     no_truth = [(np.zeros((0, 4)), np.zeros(0, int))]
@@ -116,16 +139,28 @@ def test_a_u_merges_the_server_records_with_every_clients_test_records():
     roles = DetectionRoles("server", 0, (1, 2), ())
     sets = {label: random_set(rng, 6) for label in ("S@1", "S@2", "S", "T1", "T2")}
     records = {key: match_records(*value, 3) for key, value in sets.items()}
-    lookup = {(0, "g"): records["S"], (1, "g"): records["T1"], (2, "g"): records["T2"],
-              (0, "m@1"): records["S@1"], (0, "m@2"): records["S@2"], (1, "m"): records["T1"], (2, "m"): records["T2"]}
+    lookup = {
+        (0, "g"): records["S"],
+        (1, "g"): records["T1"],
+        (2, "g"): records["T2"],
+        (0, "m@1"): records["S@1"],
+        (0, "m@2"): records["S@2"],
+        (1, "m"): records["T1"],
+        (2, "m"): records["T2"],
+    }
     get = lambda cid, label: lookup[(cid, label)]  # noqa: E731
     glob = family_scores(Family("g", False, (), lambda c: ()), get, roles, 3, 0.3)
-    union = [x for key in ("S", "T1", "T2") for x in sets[key][0]], [x for key in ("S", "T1", "T2") for x in sets[key][1]]
+    union = (
+        [x for key in ("S", "T1", "T2") for x in sets[key][0]],
+        [x for key in ("S", "T1", "T2") for x in sets[key][1]],
+    )
     assert glob["A_u"] == pytest.approx(coco_map(*union, 3)["mAP"], abs=1e-12)  # a global model: the pooled set exactly
     per = family_scores(Family("m", True, (), lambda c: ()), get, roles, 3, 0.3)
     for cid in (1, 2):
         expected = accumulate([records[f"S@{cid}"], records["T1"], records["T2"]], 3)["mAP"]
         assert per["clients"][str(cid)]["u"] == pytest.approx(expected, abs=1e-12)
-        assert per["clients"][str(cid)]["uo"] == pytest.approx(accumulate([records[f"S@{cid}"], records[f"T{cid}"]], 3)["mAP"], abs=1e-12)
+        assert per["clients"][str(cid)]["uo"] == pytest.approx(
+            accumulate([records[f"S@{cid}"], records[f"T{cid}"]], 3)["mAP"], abs=1e-12
+        )
     assert per["A_u"] == pytest.approx(np.mean([per["clients"][c]["u"] for c in ("1", "2")]))
     assert per["A_u_own"] == pytest.approx(np.mean([per["clients"][c]["uo"] for c in ("1", "2")]))

@@ -1,4 +1,5 @@
 """The embedded digits benchmark and the domain cache."""
+
 from __future__ import annotations
 
 import hashlib

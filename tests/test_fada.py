@@ -1,10 +1,12 @@
 """FADA (Peng et al., ICLR 2020): stages and switches, attention, losses, label and raw-data privacy, backends."""
+
 import dataclasses
 import math
 
 import numpy as np
 import pytest
 import torch
+from conftest import RecordingExecutor, run_until
 
 from fedsim.api import run_experiment
 from fedsim.config import load_config
@@ -25,14 +27,16 @@ from fedsim.methods.common.batches import batch_steps
 from fedsim.methods.fada import FADA
 from fedsim.models.fada_parts import preserved_buffers
 from fedsim.runtime import Server
-
-from conftest import RecordingExecutor, run_until
 from fedsim.runtime.client_host import HOST_OPERATIONS, torch_threads
 from fedsim.seeding import derive_seed
 
 FAST = [
-    "method.name=fada", "method.target_batch=48", "method.gap_samples=48", "method.gap_references=2",
-    "method.adversarial_steps=3", "method.disentangle_steps=3",
+    "method.name=fada",
+    "method.target_batch=48",
+    "method.gap_samples=48",
+    "method.gap_references=2",
+    "method.adversarial_steps=3",
+    "method.disentangle_steps=3",
 ]
 ADVERSARIAL = ["features", "adversarial", "align"] * 3  # method.adversarial_steps=3 alternations
 ALL_STAGES = ["fit", *ADVERSARIAL, "disentangle", "update"]
@@ -97,16 +101,24 @@ def test_model_three_runs_every_stage_and_reports_its_metrics(model_three):
         assert features[tid].config["seed"] == align[tid].config["seed"] == seed
         assert align[tid].config["round"] == rnd and align[tid].config["step"] == step
     for rnd, update in enumerate(instructions(executor, "update"), start=1):
-        assert update[tid].config == {"seed": derive_seed(config.run.seed, rnd, tid, "update"), "round": rnd, "sources": federation.source_ids}
+        assert update[tid].config == {
+            "seed": derive_seed(config.run.seed, rnd, tid, "update"),
+            "round": rnd,
+            "sources": federation.source_ids,
+        }
     # only the last source stage of a round sends the deltas
     for operation, last in (("fit", False), ("adversarial", False), ("disentangle", True)):
         calls = instructions(executor, operation)
         assert [ins.config["send_delta"] for call in calls for ins in call.values()] == [last] * 2 * len(calls)
     sources = {federation.info(c).domain for c in federation.source_ids}
     for metrics in history:
-        assert set(metrics["attention"]) == sources and math.isclose(sum(metrics["attention"].values()), 1.0, abs_tol=1e-9)
+        assert set(metrics["attention"]) == sources and math.isclose(
+            sum(metrics["attention"].values()), 1.0, abs_tol=1e-9
+        )
         assert np.isfinite(metrics["gap_statistic"]) and set(metrics["gap_gain"]) == sources
-        assert set(metrics["mine_estimate"]) == sources and all(np.isfinite(v) for v in metrics["mine_estimate"].values())
+        assert set(metrics["mine_estimate"]) == sources and all(
+            np.isfinite(v) for v in metrics["mine_estimate"].values()
+        )
         assert all(0.0 <= v <= 1.0 for v in metrics["domain_identifier_accuracy"].values())
         assert 0.0 <= metrics["target_accuracy"] <= 1.0 and set(metrics["source_accuracy"]) == sources
     # attention = softmax of the gap gains (temperature 1)
@@ -120,12 +132,13 @@ def test_model_three_runs_every_stage_and_reports_its_metrics(model_three):
     source_head = host._state[federation.source_ids[0]]["net"].head.weight.detach().numpy()
     assert not np.allclose(source_head, server.global_tensors()["head.weight"])
     # the target model moved by the attention-weighted deltas
-    assert any(not np.allclose(v, server.method.init_server()["weights"][k]) for k, v in server.global_tensors().items())
+    assert any(
+        not np.allclose(v, server.method.init_server()["weights"][k]) for k, v in server.global_tensors().items()
+    )
 
 
 @pytest.mark.parametrize(
-    "switch, removed",
-    [("attention", []), ("adversarial", ADVERSARIAL), ("disentangle", ["disentangle"])],
+    "switch, removed", [("attention", []), ("adversarial", ADVERSARIAL), ("disentangle", ["disentangle"])]
 )
 def test_each_switch_removes_its_stage(toy_overrides, switch, removed):
     _, federation, executor, _, history = run_rounds(toy_overrides, f"method.{switch}=false", rounds=1)
@@ -153,7 +166,9 @@ def test_target_training_operations_never_read_labels(model_three, toy_overrides
     state = executor.host._state[tid]
     for operation in ("fit", "adversarial", "disentangle"):  # the labeled stages refuse the target by its role
         with pytest.raises(ValueError, match="source clients only"):
-            getattr(method, operation)(Instruction(operation, server.state["weights"], {"seed": 1, "round": 1}), state, guarded)
+            getattr(method, operation)(
+                Instruction(operation, server.state["weights"], {"seed": 1, "round": 1}), state, guarded
+            )
 
 
 def _raw_rows(data):
@@ -176,7 +191,9 @@ def test_no_raw_input_or_label_crosses_the_wire_in_any_stage(model_three):
     for message in messages:
         for name, tensor in message.tensors.items():
             tensor = np.asarray(tensor)
-            assert not any(tensor.shape == y.shape and np.array_equal(tensor, y) for y in labels), f"{name} carries labels"
+            assert not any(tensor.shape == y.shape and np.array_equal(tensor, y) for y in labels), (
+                f"{name} carries labels"
+            )
             if tensor.ndim >= 1 and tensor.size % width == 0 and tensor.dtype == np.float32:
                 rows = tensor.reshape(-1, width)
                 assert not any(r.tobytes() in raw_rows for r in rows), f"tensor {name!r} carries a raw input row"
@@ -202,8 +219,15 @@ def test_fada_refuses_several_target_clients_and_bad_params(toy_overrides):
         FADA.check_setting(config, federation)  # before anything is written
     with pytest.raises(UserError, match="clients-per-domain 1"):
         FADA(config, federation)
-    for bad in ("method.gap_references=0", "method.lambda_mi=-1", "method.mine_rate=0", "method.schedule=linear", "method.target_batch=1",
-                "method.gap_form=gap", "method.adversarial_steps=0"):
+    for bad in (
+        "method.gap_references=0",
+        "method.lambda_mi=-1",
+        "method.mine_rate=0",
+        "method.schedule=linear",
+        "method.target_batch=1",
+        "method.gap_form=gap",
+        "method.adversarial_steps=0",
+    ):
         with pytest.raises(UserError, match=bad.split("=")[0]):
             load_config(None, toy_overrides + ["method.name=fada", bad])
 
@@ -235,13 +259,19 @@ def test_one_adversarial_stage_moves_the_target_and_the_source_generators(toy_ov
     metrics = {}
     method.adversarial_stage(ctx, sources, False, metrics)
     assert all(changed(before[cid], encoder_weights(host, cid)) for cid in [tid, *sources])  # G_t and every G_i
-    assert metrics["target_feature_grad_norm"] > 0 and set(metrics["domain_identifier_accuracy"]) == {method.labels[c] for c in sources}
-    assert "align_optimizer" not in host.private_state(tid) and all("alignment" not in host.private_state(c) for c in sources)
+    assert metrics["target_feature_grad_norm"] > 0 and set(metrics["domain_identifier_accuracy"]) == {
+        method.labels[c] for c in sources
+    }
+    assert "align_optimizer" not in host.private_state(tid) and all(
+        "alignment" not in host.private_state(c) for c in sources
+    )
 
 
 @pytest.mark.parametrize("train_generator", [True, False])
 def test_disentanglement_trains_the_source_generator_unless_switched_off(toy_overrides, train_generator):
-    federation, method, host, ctx = after_fit(toy_overrides, f"method.disentangle_generator={str(train_generator).lower()}")
+    federation, method, host, ctx = after_fit(
+        toy_overrides, f"method.disentangle_generator={str(train_generator).lower()}"
+    )
     sources = federation.source_ids
     before = {cid: encoder_weights(host, cid) for cid in sources}
     buffers = {cid: [b.clone() for b in host.private_state(cid)["net"].buffers()] for cid in sources}
@@ -271,10 +301,14 @@ def test_attention_is_the_softmax_of_the_relative_dispersion_drops():
     assert math.isclose(before, by_definition, rel_tol=1e-9)
     np.testing.assert_allclose(gains, [0.75, 0.0, -1.25], atol=1e-9)
     np.testing.assert_allclose(weights, softmax(np.array([0.75, 0.0, -1.25])), rtol=1e-9)
-    gap_weights, _, gap_gains = dynamic_attention(encode, {"s": np.array(1.0)}, deltas, pool, 80, 4, 2, 1.0, seed=3, form="tibshirani")
+    gap_weights, _, gap_gains = dynamic_attention(
+        encode, {"s": np.array(1.0)}, deltas, pool, 80, 4, 2, 1.0, seed=3, form="tibshirani"
+    )
     np.testing.assert_allclose(gap_weights, softmax(np.array(gap_gains)), rtol=1e-9)
     assert gap_gains[0] > 0 > gap_gains[2]  # tighter clusters: a larger gap
-    share_weights, share, share_gains = dynamic_attention(encode, {"s": np.array(1.0)}, deltas, pool, 80, 4, 2, 1.0, seed=3, form="share")
+    share_weights, share, share_gains = dynamic_attention(
+        encode, {"s": np.array(1.0)}, deltas, pool, 80, 4, 2, 1.0, seed=3, form="share"
+    )
     scatter = lambda f: ((f - f.mean(0)) ** 2).sum()  # noqa: E731
     assert math.isclose(share, before / scatter(encode({"s": 1.0}, pool)), rel_tol=1e-9)
     np.testing.assert_allclose(share_weights, softmax(np.array(share_gains)), rtol=1e-9)
@@ -287,10 +321,14 @@ def test_share_gain_ignores_a_rescaling_that_the_dispersion_gain_punishes():
     pool = 10.0 * np.eye(3)[np.arange(60) % 3] + rng.normal(size=(60, 3))
     encode = lambda weights, x: float(weights["s"]) * x  # noqa: E731
     deltas = [{"s": np.array(9.0)}, {"s": np.array(1.0)}, {"s": np.array(0.0)}]  # features x10, x2, unchanged
-    weights, _, gains = dynamic_attention(encode, {"s": np.array(1.0)}, deltas, pool, 60, 3, 2, 1.0, seed=0, form="dispersion")
+    weights, _, gains = dynamic_attention(
+        encode, {"s": np.array(1.0)}, deltas, pool, 60, 3, 2, 1.0, seed=0, form="dispersion"
+    )
     np.testing.assert_allclose(gains, [-99.0, -3.0, 0.0], rtol=1e-9)
     assert weights[2] > 0.95  # all weight on the delta that did nothing
-    weights, _, gains = dynamic_attention(encode, {"s": np.array(1.0)}, deltas, pool, 60, 3, 2, 1.0, seed=0, form="share")
+    weights, _, gains = dynamic_attention(
+        encode, {"s": np.array(1.0)}, deltas, pool, 60, 3, 2, 1.0, seed=0, form="share"
+    )
     np.testing.assert_allclose(gains, 0.0, atol=1e-12)
     np.testing.assert_allclose(weights, np.full(3, 1 / 3), rtol=1e-9)
 
@@ -299,7 +337,9 @@ def test_share_gain_ignores_a_rescaling_that_the_dispersion_gain_punishes():
 def test_sampled_sources_only_work_that_round(toy_overrides, overrides):
     _, federation, executor, _, history = run_rounds(toy_overrides, *overrides, rounds=1)
     fit_clients = list(instructions(executor, "fit")[0])
-    assert len(fit_clients) == 1 and len(history[0]["attention"]) == 1 and list(history[0]["attention"].values()) == [1.0]
+    assert (
+        len(fit_clients) == 1 and len(history[0]["attention"]) == 1 and list(history[0]["attention"].values()) == [1.0]
+    )
 
 
 def test_local_and_ray_backends_agree(toy_overrides, ray_cluster, tmp_path):
@@ -344,7 +384,9 @@ def test_gap_statistic_prefers_clustered_features_and_attention_is_a_softmax():
     noise = rng.uniform(-10, 10, size=(120, 5))
     uniform = rng.random((4, 120, 5))
     assert gap_statistic(clustered, 4, uniform, seed=1) > gap_statistic(noise, 4, uniform, seed=1) + 1.0
-    assert abs(gap_statistic(noise, 4, uniform, seed=1)) < 0.6  # uniform data: about no gap (the rotated box is a bit wider)
+    assert (
+        abs(gap_statistic(noise, 4, uniform, seed=1)) < 0.6
+    )  # uniform data: about no gap (the rotated box is a bit wider)
     assert gap_statistic(clustered, 4, uniform, seed=1) == gap_statistic(clustered, 4, uniform, seed=1)
     weights = softmax(np.array([0.5, -1.0, 2.0]))
     assert math.isclose(weights.sum(), 1.0) and np.argmax(weights) == 2
@@ -353,7 +395,10 @@ def test_gap_statistic_prefers_clustered_features_and_attention_is_a_softmax():
 
 def test_apply_adds_weighted_deltas_and_rounds_integer_buffers():
     current = {"w": np.ones((2, 2), np.float32), "steps": np.array(10)}
-    deltas = [{"w": np.full((2, 2), 2.0, np.float32), "steps": np.array(4)}, {"w": np.full((2, 2), -1.0, np.float32), "steps": np.array(1)}]
+    deltas = [
+        {"w": np.full((2, 2), 2.0, np.float32), "steps": np.array(4)},
+        {"w": np.full((2, 2), -1.0, np.float32), "steps": np.array(1)},
+    ]
     out = apply_deltas(current, deltas, [0.25, 0.75])
     np.testing.assert_allclose(out["w"], np.full((2, 2), 1 + 0.5 - 0.75))
     assert out["w"].dtype == np.float32 and int(out["steps"]) == 12  # 10 + 1 + 0.75 -> 12
@@ -413,7 +458,9 @@ def _mine_separates():
             optimizer.step()
         with torch.no_grad():
             perm = torch.randperm(512, generator=generator)
-            estimates[name] = float(mine_lower_bound(statistics(torch.cat([x, z], 1)), statistics(torch.cat([x, z[perm]], 1))))
+            estimates[name] = float(
+                mine_lower_bound(statistics(torch.cat([x, z], 1)), statistics(torch.cat([x, z[perm]], 1)))
+            )
     # true I = -0.5 log(1 - rho^2) ~ 0.9 nats for rho ~ 0.95, 0 for independent pairs
     assert estimates["dependent"] > 0.5 and abs(estimates["independent"]) < 0.15
 
@@ -442,13 +489,20 @@ def test_preserved_buffers_and_batch_steps():
     assert torch.equal(model[1].running_mean, before)
     batches = list(batch_steps(10, 4, 0, torch.Generator().manual_seed(0)))
     assert [len(b) for b in batches] == [4, 4, 2]
-    batches = list(batch_steps(9, 4, 5, torch.Generator().manual_seed(0)))  # cycles epochs, counts skipped single-sample batches
+    batches = list(
+        batch_steps(9, 4, 5, torch.Generator().manual_seed(0))
+    )  # cycles epochs, counts skipped single-sample batches
     assert [len(b) for b in batches] == [4, 4, 4, 4]
     # the same batches and the same later draws as before, with another draw between batches (the MINE pairing)
     for n, batch_size, steps in [(10, 4, 0), (9, 4, 5), (9, 4, 6), (12, 4, 7), (1, 4, 3), (17, 5, 11)]:
         runs = []
         for make in (batch_steps, _batch_indices_before):
             generator = torch.Generator().manual_seed(3)
-            runs.append([(b.tolist(), torch.randperm(len(b), generator=generator).tolist()) for b in make(n, batch_size, steps, generator)])
+            runs.append(
+                [
+                    (b.tolist(), torch.randperm(len(b), generator=generator).tolist())
+                    for b in make(n, batch_size, steps, generator)
+                ]
+            )
             runs[-1].append(torch.randperm(5, generator=generator).tolist())
         assert runs[0] == runs[1], (n, batch_size, steps)

@@ -1,4 +1,5 @@
 """Client actors that die mid-round are recreated and their work redone: same results as no failure."""
+
 import json
 
 from fedsim.api import run_experiment
@@ -20,8 +21,14 @@ def test_three_injected_actor_kills_give_the_same_summary(toy_overrides, ray_clu
 
 
 def test_private_state_survives_an_actor_kill(toy_overrides, ray_cluster, tmp_path):
-    extra = ["method.name=feddadil", "method.samples_per_atom=40", "method.batch_size=20", "method.classifier_steps=30", "run.rounds=3",
-             "ray.call_timeout_s=60"]
+    extra = [
+        "method.name=feddadil",
+        "method.samples_per_atom=40",
+        "method.batch_size=20",
+        "method.classifier_steps=30",
+        "run.rounds=3",
+        "ray.call_timeout_s=60",
+    ]
     calm = run_experiment(load_config(None, toy_overrides + extra), tmp_path / "calm")
     stormy = run_experiment(load_config(None, toy_overrides + extra + ["ray.inject_faults=2"]), tmp_path / "stormy")
     assert _without_wall(calm.summary) == _without_wall(stormy.summary)

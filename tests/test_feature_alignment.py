@@ -1,29 +1,35 @@
 """FedDANN / FedMMD: the target-feature exchange, the shared payload, privacy of the discriminator, backends."""
+
 import math
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from conftest import RecordingExecutor
 
 from fedsim.api import run_experiment
 from fedsim.config import ModelConfig, load_config
+from fedsim.data.base import ArraySplit
 from fedsim.data.scenario import build_federation, load_client_data
 from fedsim.errors import UserError
 from fedsim.losses import DANNLoss, MMDLoss
-from fedsim.methods.common.alignment import TARGET_FEATURES, AlignmentObjective, FeatureAlignment, encode_subset, steps_per_epoch
+from fedsim.methods.common.aggregation import weighted_average
+from fedsim.methods.common.alignment import (
+    TARGET_FEATURES,
+    AlignmentObjective,
+    FeatureAlignment,
+    encode_subset,
+    steps_per_epoch,
+)
+from fedsim.methods.common.training import train_epochs
 from fedsim.methods.feddann import FedDANN
 from fedsim.methods.fedmmd import FedMMD
 from fedsim.models import build_model
 from fedsim.registry import METHODS
 from fedsim.runtime import LocalExecutor, Server
 from fedsim.runtime.context import RoundContext
-from fedsim.data.base import ArraySplit
-from fedsim.methods.common.aggregation import weighted_average
-from fedsim.methods.common.training import train_epochs
 from fedsim.seeding import derive_seed, numpy_rng
-
-from conftest import RecordingExecutor
 
 
 def setup(toy_overrides, method_name, *extra):
@@ -101,7 +107,11 @@ def test_lambda_ramp_counts_every_batch_of_an_epoch_including_a_skipped_one():
     split = ArraySplit(x, (np.arange(33) % 3).astype(np.int64))
     steps = []
     objective = AlignmentObjective(
-        MMDLoss(), torch.randn(20, 8), torch.Generator().manual_seed(1), lambda step: steps.append(step) or (0.5, 1.0), *steps_per_epoch(33, 16)
+        MMDLoss(),
+        torch.randn(20, 8),
+        torch.Generator().manual_seed(1),
+        lambda step: steps.append(step) or (0.5, 1.0),
+        *steps_per_epoch(33, 16),
     )
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     train_epochs(model, split, 2, 16, optimizer, seed=3, device=torch.device("cpu"), step_loss=objective)
@@ -135,7 +145,9 @@ def test_sources_get_one_shared_payload_with_the_target_features(toy_overrides):
     # each stage's seeds are the round's seeds of its own operation; the server averages like FedAvg
     for cid, ins in {**feature_instructions, **fit_instructions}.items():
         assert ins.config == {"seed": derive_seed(config.run.seed, 1, cid, ins.operation), "round": 1}
-    expected = weighted_average([r.tensors for r in fit_replies.values()], [r.num_examples for r in fit_replies.values()])
+    expected = weighted_average(
+        [r.tensors for r in fit_replies.values()], [r.num_examples for r in fit_replies.values()]
+    )
     assert set(new_state["weights"]) == set(expected)
     for name, value in expected.items():
         np.testing.assert_array_equal(new_state["weights"][name], value)
@@ -143,7 +155,16 @@ def test_sources_get_one_shared_payload_with_the_target_features(toy_overrides):
 
 
 def test_feddann_and_fedmmd_differ_only_by_the_loss_object(toy_overrides):
-    allowed = {"__module__", "__qualname__", "__doc__", "__firstlineno__", "__static_attributes__", "registry_name", "Params", "make_domain_loss"}
+    allowed = {
+        "__module__",
+        "__qualname__",
+        "__doc__",
+        "__firstlineno__",
+        "__static_attributes__",
+        "registry_name",
+        "Params",
+        "make_domain_loss",
+    }
     allowed.update({"operations", "server_needs_torch"})  # set on every subclass by Method.__init_subclass__
     allowed.add("domain_lr_scale")  # the learning rate of the loss's own parameters (DANN's discriminator)
     for cls in (FedDANN, FedMMD):
@@ -190,7 +211,10 @@ def test_discriminator_stays_private_and_persists_across_rounds(toy_overrides):
 
 
 def test_smoke_domain_loss_finite_and_discriminator_accuracy_reported(toy_overrides, tmp_path):
-    result = run_experiment(load_config(None, toy_overrides + ["method.name=feddann", "run.backend=local", "run.rounds=3"]), tmp_path / "dann")
+    result = run_experiment(
+        load_config(None, toy_overrides + ["method.name=feddann", "run.backend=local", "run.rounds=3"]),
+        tmp_path / "dann",
+    )
     sources = {str(c) for c in result.federation.source_ids}
     for metrics in result.history:
         assert set(metrics["domain_loss"]) == sources and set(metrics["discriminator_accuracy"]) == sources
@@ -199,7 +223,9 @@ def test_smoke_domain_loss_finite_and_discriminator_accuracy_reported(toy_overri
     weights = [m["domain_weight"] for m in result.history]
     assert 0 < weights[0] < weights[1] < weights[2] < 1
     assert (tmp_path / "dann" / "metrics.jsonl").read_text().count("discriminator_accuracy") == 3
-    mmd = run_experiment(load_config(None, toy_overrides + ["method.name=fedmmd", "run.backend=local", "method.schedule=constant"]))
+    mmd = run_experiment(
+        load_config(None, toy_overrides + ["method.name=fedmmd", "run.backend=local", "method.schedule=constant"])
+    )
     assert all(math.isfinite(v) for m in mmd.history for v in m["domain_loss"].values())
     assert "discriminator_accuracy" not in mmd.history[-1] and mmd.history[-1]["domain_weight"] == 1.0
 
@@ -234,7 +260,9 @@ def test_the_schedule_follows_ganins_ramp_and_annealing(toy_overrides):
         weight, factor = schedule(step)
         assert weight == pytest.approx(2 / (1 + math.exp(-10 * p)) - 1)
         assert factor == pytest.approx(1 / (1 + 10 * p) ** 0.75)
-    _, _, _, flat = setup(toy_overrides, "feddann", "method.schedule=constant", "method.lr_schedule=constant", "method.lambda_domain=0.3")
+    _, _, _, flat = setup(
+        toy_overrides, "feddann", "method.schedule=constant", "method.lr_schedule=constant", "method.lambda_domain=0.3"
+    )
     assert flat.step_schedule(2, 10)(7) == (0.3, 1.0)
 
 
@@ -246,7 +274,9 @@ def test_optimizer_anneals_every_group_and_scales_the_discriminator(toy_override
     model, loss = torch.nn.Linear(4, 3), DANNLoss(3, 5, 1)
     optimizer = alignment_optimizer(model, loss, config.method, method.domain_lr_scale())
     assert [g["lr"] for g in optimizer.param_groups] == pytest.approx([0.02, 0.2])
-    objective = AlignmentObjective(loss, torch.randn(8, 3), torch.Generator().manual_seed(0), lambda step: (1.0, 0.5), 1, 1, optimizer)
+    objective = AlignmentObjective(
+        loss, torch.randn(8, 3), torch.Generator().manual_seed(0), lambda step: (1.0, 0.5), 1, 1, optimizer
+    )
     wrapped = _Split(model)
     objective(wrapped, torch.randn(4, 4), torch.tensor([0, 1, 2, 0]))
     assert [g["lr"] for g in optimizer.param_groups] == pytest.approx([0.01, 0.1])
@@ -275,12 +305,13 @@ def test_feddann_defaults_are_ganins_mnist_discriminator(toy_overrides):
     assert method.params.schedule == "dann" and method.params.lr_schedule == "dann" and method.domain_lr_scale() == 1.0
 
 
-
 def test_digits_configs_carry_the_source_rule_lambda_and_references_keep_the_papers():
     """docs/baselines.md: lambda_domain 0.1 for FedDANN and FedMMD on digits (rule on the sources), 1 in the code
     (Ganin et al., Long et al.) and for the centralized references, which keep their sources with it."""
     configs = Path(__file__).parent.parent / "experiments" / "configs"
-    weights = {name: load_config(str(configs / f"digits-{name}.yaml"), []).method.params.lambda_domain
-               for name in ("feddann", "fedmmd", "dann", "mmd")}
+    weights = {
+        name: load_config(str(configs / f"digits-{name}.yaml"), []).method.params.lambda_domain
+        for name in ("feddann", "fedmmd", "dann", "mmd")
+    }
     assert weights == {"feddann": 0.1, "fedmmd": 0.1, "dann": 1.0, "mmd": 1.0}
     assert FedDANN.Params().lambda_domain == 1.0 and FedMMD.Params().lambda_domain == 1.0

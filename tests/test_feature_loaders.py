@@ -1,4 +1,5 @@
 """Federated/per-domain standardization, and the Office-Caltech10 and CWRU file loaders on tiny files."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -35,8 +36,10 @@ def test_benchmarks_register():
 def _clients(seed=0):
     rng = np.random.default_rng(seed)
     sizes = (7, 40, 123)
-    return [rng.normal(2700 + 10 * i, 3 + i, size=(n, 5)) * np.array([1, 1, 1, 0, 1]) + np.array([0, 0, 0, 4.2, 0])
-            for i, n in enumerate(sizes)]
+    return [
+        rng.normal(2700 + 10 * i, 3 + i, size=(n, 5)) * np.array([1, 1, 1, 0, 1]) + np.array([0, 0, 0, 4.2, 0])
+        for i, n in enumerate(sizes)
+    ]
 
 
 def test_federated_statistics_equal_pooled_mean_std():
@@ -61,7 +64,7 @@ def test_federated_statistics_equal_pooled_mean_std():
 
 def test_per_domain_and_normalize_domains():
     clients = _clients()
-    domains = {f"d{i}": (x[: len(x) // 2 + 1], x[len(x) // 2 + 1:]) for i, x in enumerate(clients)}
+    domains = {f"d{i}": (x[: len(x) // 2 + 1], x[len(x) // 2 + 1 :]) for i, x in enumerate(clients)}
     per = norm.normalize_domains(domains, "per-domain")
     for name, (train, _) in per.items():
         np.testing.assert_allclose(train.mean(0), 0, atol=1e-4)
@@ -120,7 +123,9 @@ def test_office_caltech_surf_npz_and_csv_forms(tmp_path):
     for d in OC_DOMAINS:
         feas, labels = _oc_data(d, dim=12)
         np.savez(npz_dir / f"{d}.npz", x=feas, y=labels - 1)  # 0..9 labels stay as they are
-    dom = OfficeCaltechBenchmark(FileConfig(benchmark="office_caltech", root=str(npz_dir), variant="resnet50")).load("amazon")
+    dom = OfficeCaltechBenchmark(FileConfig(benchmark="office_caltech", root=str(npz_dir), variant="resnet50")).load(
+        "amazon"
+    )
     assert dom.input_shape == (12,) and dom.train_y.max() == 9
     csv_dir = tmp_path / "csv"
     csv_dir.mkdir()
@@ -165,9 +170,13 @@ def test_office_caltech_settings_errors(tmp_path):
         OfficeCaltechBenchmark(DataConfig(benchmark="office_caltech", root=str(tmp_path / "nope"))).load("amazon")
     _write_decaf(tmp_path)
     with pytest.raises(UserError, match="surf"):
-        OfficeCaltechBenchmark(FileConfig(benchmark="office_caltech", root=str(tmp_path), variant="sift")).load("amazon")
+        OfficeCaltechBenchmark(FileConfig(benchmark="office_caltech", root=str(tmp_path), variant="sift")).load(
+            "amazon"
+        )
     with pytest.raises(UserError, match="SURF_L10"):  # decaf files exist, but SURF was asked for
-        OfficeCaltechBenchmark(FileConfig(benchmark="office_caltech", root=str(tmp_path), variant="surf")).load("amazon")
+        OfficeCaltechBenchmark(FileConfig(benchmark="office_caltech", root=str(tmp_path), variant="surf")).load(
+            "amazon"
+        )
     with pytest.raises(UserError, match="amazon"):
         OfficeCaltechBenchmark(DataConfig(benchmark="office_caltech", root=str(tmp_path))).load("amazom")
 
@@ -189,9 +198,14 @@ def _write_cwru(root, loads=("1hp", "2hp", "3hp")):
     for load in loads:
         (root / load).mkdir(exist_ok=True)
         for cls in FREQS:
-            scipy.io.savemat(str(root / load / f"{cls}.mat"),
-                             {f"X{number:03d}_DE_time": _signal(cls, int(load[0])), f"X{number:03d}_FE_time": _signal(cls, 9),
-                              f"X{number:03d}RPM": np.array([[1772]])})
+            scipy.io.savemat(
+                str(root / load / f"{cls}.mat"),
+                {
+                    f"X{number:03d}_DE_time": _signal(cls, int(load[0])),
+                    f"X{number:03d}_FE_time": _signal(cls, 9),
+                    f"X{number:03d}RPM": np.array([[1772]]),
+                },
+            )
             number += 1
 
 
@@ -207,7 +221,9 @@ def test_cwru_windows_and_fft_features(tmp_path):
     y = np.concatenate([dom.train_y, dom.test_y])
     for label, freq in enumerate(FREQS.values()):  # the spectrum peaks at the class's frequency
         assert np.all(np.abs(np.argmax(x[y == label], axis=1) - freq / RATE * 1024) <= 1)
-    raw = CWRUBenchmark(FileConfig(benchmark="cwru", root=str(tmp_path), variant="raw", samples_per_class=10)).load("1hp")
+    raw = CWRUBenchmark(FileConfig(benchmark="cwru", root=str(tmp_path), variant="raw", samples_per_class=10)).load(
+        "1hp"
+    )
     assert raw.input_shape == (1024,) and len(raw.train_y) + len(raw.test_y) == 30  # overlapping, evenly spread
     np.testing.assert_array_equal(window_starts(5000, 1024, 3), [0, 1988, 3976])
 

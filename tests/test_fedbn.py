@@ -1,22 +1,22 @@
 """FedBN: batch norm stays private to each source; the target re-estimates BN statistics (AdaBN)."""
+
 import logging
 
 import numpy as np
 import pytest
 import torch
+from conftest import RecordingExecutor, write_image_domains
 
 from fedsim.config import load_config
 from fedsim.data.scenario import build_federation, load_client_data
 from fedsim.errors import UserError
 from fedsim.messages import Instruction
 from fedsim.methods.base import SingleExchange
-from fedsim.methods.fedbn import FedBN, initial_bn
-from fedsim.models.normalization import bn_keys
 from fedsim.methods.common.aggregation import weighted_average
 from fedsim.methods.common.training import load_numpy
+from fedsim.methods.fedbn import FedBN, initial_bn
+from fedsim.models.normalization import bn_keys
 from fedsim.runtime import Server
-
-from conftest import RecordingExecutor, write_image_domains
 
 
 @pytest.fixture(scope="module")
@@ -90,7 +90,9 @@ def test_target_reestimates_bn_from_unlabeled_inputs(image_overrides):
         for rnd in (1, 2):
             server.run_round(rnd, evaluate=True)
         (tid,) = federation.target_ids
-        results[target_bn] = [r.metrics for rnd, _, op, r in executor.log if rnd == 2 and r.client_id == tid and op == "evaluate"][0]
+        results[target_bn] = [
+            r.metrics for rnd, _, op, r in executor.log if rnd == 2 and r.client_id == tid and op == "evaluate"
+        ][0]
         data = load_client_data(config.data, federation, tid)
         assert data.train.y is None
         method, state = executor.host.method, executor.host.private_state(tid)

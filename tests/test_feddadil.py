@@ -1,8 +1,10 @@
 """FedDaDiL and centralized DaDiL: alpha stays private, aggregation follows the paper's rule, the encoder
 stage standardizes from client sums, DaDiL's alphas live in the server state, both backends agree."""
+
 import numpy as np
 import pytest
 import torch
+from conftest import RecordingExecutor, write_image_domains
 
 from fedsim.api import run_experiment
 from fedsim.config import load_config
@@ -14,8 +16,6 @@ from fedsim.methods.common.training import load_numpy
 from fedsim.methods.dadil import DaDiL
 from fedsim.methods.feddadil import FedDaDiL
 from fedsim.runtime import Server
-
-from conftest import RecordingExecutor, write_image_domains
 
 SMALL = ["method.name=feddadil", "method.samples_per_atom=40", "method.batch_size=20", "method.classifier_steps=50"]
 
@@ -33,8 +33,15 @@ def _server(overrides):
 def image_overrides(tmp_path_factory):
     root = write_image_domains(str(tmp_path_factory.mktemp("images")))
     return [
-        "data.benchmark=npz", f"data.root={root}", "data.target=img1", f"data.cache_dir={tmp_path_factory.mktemp('cache')}",
-        "data.normalization=none", "run.progress=false", "model.name=cnn", "model.hidden=16", "method.lr=0.05",
+        "data.benchmark=npz",
+        f"data.root={root}",
+        "data.target=img1",
+        f"data.cache_dir={tmp_path_factory.mktemp('cache')}",
+        "data.normalization=none",
+        "run.progress=false",
+        "model.name=cnn",
+        "model.hidden=16",
+        "method.lr=0.05",
     ]
 
 
@@ -113,7 +120,9 @@ def test_label_logits_step_with_lr_labels(optimizer):
         opt = dil.make_optimizer(p, 0.9, [x, logits], [alpha])
         (x.sum() + logits.sum() + alpha.sum()).backward()
         opt.step()
-        assert torch.allclose(x, torch.full_like(x, -10.0)) and torch.allclose(logits, torch.full_like(logits, -expected))
+        assert torch.allclose(x, torch.full_like(x, -10.0)) and torch.allclose(
+            logits, torch.full_like(logits, -expected)
+        )
         assert torch.allclose(alpha, torch.full_like(alpha, -0.01))
     with pytest.raises(UserError, match="lr_labels"):
         dil.DictionaryParams(lr_labels=-1.0)
@@ -126,7 +135,9 @@ def test_client_optimizer_state_persists_across_rounds(toy_overrides):
     server.run_round(1, evaluate=False)
     server.run_round(2, evaluate=False)
     for cid in federation.client_ids:
-        assert executor.host.private_state(cid)["optimizer"]["state"][0]["step"] == 4  # 2 steps a round (40 // 20), two rounds: kept across rounds
+        assert (
+            executor.host.private_state(cid)["optimizer"]["state"][0]["step"] == 4
+        )  # 2 steps a round (40 // 20), two rounds: kept across rounds
         buffers = executor.host.private_state(cid)["optimizer"]["state"]
         assert buffers and all("exp_avg" in b for b in buffers.values())  # Adam's moments
 
@@ -162,12 +173,18 @@ def test_dadil_follows_alg2_per_domain_atom_batches(toy_overrides, monkeypatch):
 
 
 def test_bad_parameters(toy_overrides, image_overrides, caplog):
-    for override, message in (("method.aggregation=median", "random"), ("method.solver=lp", "sinkhorn"), ("method.samples_per_atom=0", "positive")):
+    for override, message in (
+        ("method.aggregation=median", "random"),
+        ("method.solver=lp", "sinkhorn"),
+        ("method.samples_per_atom=0", "positive"),
+    ):
         with pytest.raises(UserError, match=message):
             load_config(None, toy_overrides + SMALL + [override])
-    for overrides, message in ((toy_overrides + SMALL + ["method.batch_size=500"], "cannot exceed"),
-                               (image_overrides + SMALL + ["method.encoder_rounds=0"], "needs an encoder"),
-                               (toy_overrides + SMALL + ["method.encoder_rounds=2"], "vector inputs have no encoder")):
+    for overrides, message in (
+        (toy_overrides + SMALL + ["method.batch_size=500"], "cannot exceed"),
+        (image_overrides + SMALL + ["method.encoder_rounds=0"], "needs an encoder"),
+        (toy_overrides + SMALL + ["method.encoder_rounds=2"], "vector inputs have no encoder"),
+    ):
         config = load_config(None, overrides)
         with pytest.raises(UserError, match=message):
             FedDaDiL.check_setting(config, build_federation(config.data))
@@ -178,8 +195,16 @@ def test_bad_parameters(toy_overrides, image_overrides, caplog):
 
 
 def test_encoder_stage_then_standardized_features(image_overrides):
-    server, executor, federation = _server(image_overrides + SMALL + ["method.encoder_rounds=1", "method.samples_per_atom=30",
-                                                                      "method.batch_size=15", "method.classifier_steps=20"])
+    server, executor, federation = _server(
+        image_overrides
+        + SMALL
+        + [
+            "method.encoder_rounds=1",
+            "method.samples_per_atom=30",
+            "method.batch_size=15",
+            "method.classifier_steps=20",
+        ]
+    )
     first = server.run_round(1, evaluate=True)
     assert first["stage"] == "encoder" and set(first["train_loss"]) == {str(c) for c in federation.source_ids}
     encoder_weights = server.state["weights"]
@@ -197,7 +222,9 @@ def test_encoder_stage_then_standardized_features(image_overrides):
     payload = next(iter(dil_payload.values())).tensors
     np.testing.assert_allclose(payload["feature_mean"], mean, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(payload["feature_std"], std, rtol=1e-5, atol=1e-6)
-    standardized = np.concatenate([executor.host.private_state(c)["train_features"].numpy() for c in federation.client_ids])
+    standardized = np.concatenate(
+        [executor.host.private_state(c)["train_features"].numpy() for c in federation.client_ids]
+    )
     np.testing.assert_allclose(standardized.mean(0), 0.0, atol=1e-4)
     assert server.state["atoms_x"].shape == (3, 30, 16)
 
@@ -218,7 +245,10 @@ def test_dadil_alphas_live_in_the_server_state(toy_overrides):
 
 
 def test_local_and_ray_agree(toy_overrides, ray_cluster, tmp_path):
-    results = [run_experiment(load_config(None, toy_overrides + SMALL + [f"run.backend={b}"]), tmp_path / b) for b in ("local", "ray")]
+    results = [
+        run_experiment(load_config(None, toy_overrides + SMALL + [f"run.backend={b}"]), tmp_path / b)
+        for b in ("local", "ray")
+    ]
     assert results[0].summary["target_accuracy"] == results[1].summary["target_accuracy"]
     for name, value in results[0].global_tensors.items():
         np.testing.assert_allclose(value, results[1].global_tensors[name], rtol=1e-6, atol=1e-7)

@@ -1,9 +1,11 @@
 """FedOD and the detection baselines on tiny scenes: the detector, distillation, roles, privacy, backends."""
+
 import math
 
 import numpy as np
 import pytest
 import torch
+from conftest import RecordingExecutor, assert_same_results
 
 from fedsim.api import run_experiment
 from fedsim.config import load_config
@@ -14,8 +16,6 @@ from fedsim.models.detector import DetectorSpec, build_detector, head_keys, save
 from fedsim.models.normalization import bn_keys
 from fedsim.registry import METHODS
 from fedsim.runtime import Server
-
-from conftest import RecordingExecutor, assert_same_results
 
 FAMILIES = {"wg", "wb", "wi", "wi_final", "ens_wbf", "ens_nms", "ens_soft_nms", "ens_nmw"}
 FUSIONS = ("wbf", "nms", "soft_nms", "nmw")
@@ -29,9 +29,21 @@ def tiny(tmp_path_factory):
     """One server host, one labeled client (farm), the unlabeled target (dusk); tiny detector, one step each."""
     cache = tmp_path_factory.getbasetemp() / "scenes-tiny-cache"  # shared with test_scenes: built once per session
     return [
-        "data.benchmark=scenes", "data.variant=tiny", "data.target=dusk", "data.sources=server,farm", f"data.cache_dir={cache}",
-        "run.rounds=1", "run.progress=false", "run.tensorboard=false", "method.batch_size=4", "method.lr=0.01",
-        "method.width=4", "method.fpn_channels=8", "method.head_convs=1", "method.base_iters=2", "method.client_iters=1",
+        "data.benchmark=scenes",
+        "data.variant=tiny",
+        "data.target=dusk",
+        "data.sources=server,farm",
+        f"data.cache_dir={cache}",
+        "run.rounds=1",
+        "run.progress=false",
+        "run.tensorboard=false",
+        "method.batch_size=4",
+        "method.lr=0.01",
+        "method.width=4",
+        "method.fpn_channels=8",
+        "method.head_convs=1",
+        "method.base_iters=2",
+        "method.client_iters=1",
     ]
 
 
@@ -40,8 +52,6 @@ METHOD_ONLY = {"fedod": ["method.distill_iters=1"], "fedrep_det": ["method.head_
 
 def options(tiny, method, *extra):
     return tiny + [f"method.name={method}", *METHOD_ONLY.get(method, []), *extra]
-
-
 
 
 def run_local(opts):
@@ -71,9 +81,14 @@ def test_detector_maps_loss_detect_and_weights(tmp_path):
     assert [tuple(f.shape) for f in maps["features"]] == [(2, 8, 8, 8), (2, 8, 4, 4), (2, 8, 2, 2)]
     assert [tuple(c.shape) for c in maps["cls_logits"]] == [(2, 3, 8, 8), (2, 3, 4, 4), (2, 3, 2, 2)]
     assert [tuple(r.shape) for r in maps["bbox_regression"]] == [(2, 4, 8, 8), (2, 4, 4, 4), (2, 4, 2, 2)]
-    targets = [{"boxes": torch.tensor([[4.0, 4.0, 30.0, 30.0]]), "labels": torch.tensor([1])}, {"boxes": torch.zeros(0, 4), "labels": torch.zeros(0, dtype=torch.int64)}]
+    targets = [
+        {"boxes": torch.tensor([[4.0, 4.0, 30.0, 30.0]]), "labels": torch.tensor([1])},
+        {"boxes": torch.zeros(0, 4), "labels": torch.zeros(0, dtype=torch.int64)},
+    ]
     losses = model.loss(maps, targets)
-    assert set(losses) == {"classification", "bbox_regression", "bbox_ctrness"} and all(torch.isfinite(v) for v in losses.values())
+    assert set(losses) == {"classification", "bbox_regression", "bbox_ctrness"} and all(
+        torch.isfinite(v) for v in losses.values()
+    )
     out = model.detect(images)
     assert len(out) == 2 and set(out[0]) == {"boxes", "scores", "labels"} and model.training
     bn, head = bn_keys(model), head_keys(model)
@@ -93,7 +108,9 @@ def test_channel_wise_distillation_by_hand():
     # softmax(teacher) = (3/4, 1/4), softmax(student) = (1/2, 1/2): KL = 3/4 ln 1.5 + 1/4 ln 0.5
     expected = 0.75 * math.log(1.5) + 0.25 * math.log(0.5)
     assert channel_wise_distillation(student, teacher, 1.0).item() == pytest.approx(expected, rel=1e-5)
-    t2 = torch.tensor([math.log(9.0), 0.0]).reshape(1, 1, 1, 2)  # T = 2 halves the logits: same distributions, times T^2
+    t2 = torch.tensor([math.log(9.0), 0.0]).reshape(
+        1, 1, 1, 2
+    )  # T = 2 halves the logits: same distributions, times T^2
     assert channel_wise_distillation(student, t2, 2.0).item() == pytest.approx(4 * expected, rel=1e-5)
     x = torch.randn(2, 3, 4, 4)
     assert channel_wise_distillation(x, x, 4.0).item() == pytest.approx(0.0, abs=1e-6)
@@ -109,7 +126,9 @@ def test_fedod_round_reports_every_family(fedod_run):
     assert final is metrics["detection"] and metrics["final_alpha"] == 0.3
     assert set(final) == FAMILIES | VARIANT_FAMILIES
     for name, entry in final.items():
-        assert all(0.0 <= entry[k] <= 1.0 for k in ("A_s", "A_p", "A_u", "AP50_s", "AP50_p", "AP50_u", "A_u_own", "AP50_u_own"))
+        assert all(
+            0.0 <= entry[k] <= 1.0 for k in ("A_s", "A_p", "A_u", "AP50_s", "AP50_p", "AP50_u", "A_u_own", "AP50_u_own")
+        )
         assert entry["A_com"] == pytest.approx(0.3 * entry["A_s"] + 0.7 * entry["A_p"])
         assert entry["A_p"] == pytest.approx(np.mean([c["p"] for c in entry["clients"].values()]))
         assert ("target" in entry) == (name in ("wg", "wb"))
@@ -135,7 +154,9 @@ def test_final_ensemble_uses_the_fine_tune_of_the_final_global_model(fedod_run):
     assert any(not np.array_equal(final[k], w_g[k]) for k in final)
     evaluations = [ins for ins, _ in executor.calls if next(iter(ins.values())).operation == "evaluate"]
     predictors = evaluations[-1][farm].config["predictors"]
-    assert predictors["ens_wbf"]["sources"] == ["payload:wg", "own:final"] and predictors["wi_final"]["sources"] == ["own:final"]
+    assert predictors["ens_wbf"]["sources"] == ["payload:wg", "own:final"] and predictors["wi_final"]["sources"] == [
+        "own:final"
+    ]
     assert evaluations[-1][0].config["predictors"][f"ens_wbf@{farm}"]["sources"] == ["payload:wg", f"own:final@{farm}"]
 
 
@@ -166,7 +187,9 @@ def test_two_rounds_report_w_i_of_the_first_and_the_last_round(tiny):
     own = executor.host.private_state(1)["own"]
     for slot, reply in (("first", fits[0]), ("personal", fits[1]), ("final", fits[2])):
         assert all(np.array_equal(own[slot][k], reply.tensors[k]) for k in own[slot])
-    assert all(np.array_equal(executor.host.private_state(0)["own"]["first@1"][k], fits[0].tensors[k]) for k in own["first"])
+    assert all(
+        np.array_equal(executor.host.private_state(0)["own"]["first@1"][k], fits[0].tensors[k]) for k in own["first"]
+    )
 
 
 def test_fusion_variants_are_checked(tiny):
@@ -181,8 +204,16 @@ def test_fedod_keeps_images_on_their_hosts_and_models_where_they_belong(fedod_ru
     host = executor.host
     server_id, farm_id = 0, 1
     ops = [(cid, op) for _, cid, op, _ in executor.log]
-    assert ops == [(server_id, "train_base"), (farm_id, "fit"), (server_id, "distill"), (farm_id, "fit"), (server_id, "keep_teachers"),
-                   (0, "evaluate"), (1, "evaluate"), (2, "evaluate")]
+    assert ops == [
+        (server_id, "train_base"),
+        (farm_id, "fit"),
+        (server_id, "distill"),
+        (farm_id, "fit"),
+        (server_id, "keep_teachers"),
+        (0, "evaluate"),
+        (1, "evaluate"),
+        (2, "evaluate"),
+    ]
     for _, cid, op, reply in executor.log:
         data = load_client_data(config.data, federation, cid)
         for name, tensor in reply.tensors.items():
@@ -200,14 +231,29 @@ def test_fedod_keeps_images_on_their_hosts_and_models_where_they_belong(fedod_ru
         assert set(server.state[key]) == set(personal)
 
 
-@pytest.mark.parametrize("method, extra", [("fedavg_det", []), ("fedbn_det", []), ("fedrep_det", []), ("fedod", ["method.mode=baseline1"]), ("fedod", ["method.mode=baseline2"])])
+@pytest.mark.parametrize(
+    "method, extra",
+    [
+        ("fedavg_det", []),
+        ("fedbn_det", []),
+        ("fedrep_det", []),
+        ("fedod", ["method.mode=baseline1"]),
+        ("fedod", ["method.mode=baseline2"]),
+    ],
+)
 def test_baselines_run_and_keep_personal_parts_local(tiny, method, extra):
     config, federation, executor, server, metrics = run_local(options(tiny, method, *extra))
     final = metrics["final_detection"]
     model = build_detector(server.method.spec)
     if method == "fedod":
-        assert set(final) == ({"wb"} if "method.mode=baseline1" in extra else {"wb", "wi", "ens_wbf", "ens_nms", "ens_soft_nms", "ens_nmw"})
-        assert all(np.array_equal(server.state["weights"][k], server.state["base"][k]) for k in server.state["base"])  # w_g stays w_b
+        assert set(final) == (
+            {"wb"}
+            if "method.mode=baseline1" in extra
+            else {"wb", "wi", "ens_wbf", "ens_nms", "ens_soft_nms", "ens_nmw"}
+        )
+        assert all(
+            np.array_equal(server.state["weights"][k], server.state["base"][k]) for k in server.state["base"]
+        )  # w_g stays w_b
         return
     assert set(final) == ({"global"} if method == "fedavg_det" else {"global", "personal"})
     private = {"fedavg_det": set(), "fedbn_det": bn_keys(model), "fedrep_det": head_keys(model)}[method]
@@ -240,6 +286,8 @@ def test_bad_setups_raise_user_errors(tiny, toy_overrides):
 def test_local_and_ray_agree(tiny, ray_cluster, tmp_path):
     results = {}
     for backend in ("local", "ray"):
-        config = load_config(None, options(tiny, "fedod", f"run.backend={backend}", "run.seed=3", "resources.cpus_per_client=1"))
+        config = load_config(
+            None, options(tiny, "fedod", f"run.backend={backend}", "run.seed=3", "resources.cpus_per_client=1")
+        )
         results[backend] = run_experiment(config, tmp_path / backend)
     assert_same_results(results["local"], results["ray"], ("final_detection", "target_accuracy", "bytes_sent"))

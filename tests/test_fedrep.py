@@ -1,13 +1,13 @@
 """Classification FedRep: what crosses the wire (heads only in the evaluation-only exchange), the target's mixture rule."""
+
 import numpy as np
 import torch
+from conftest import RecordingExecutor
 
 from fedsim.config import load_config
 from fedsim.data.scenario import build_federation, load_client_data
 from fedsim.methods.fedrep import FedRep, split_head
 from fedsim.runtime import Server
-
-from conftest import RecordingExecutor
 
 
 def _run(toy_overrides, *extra):
@@ -43,7 +43,9 @@ def test_heads_are_personal_and_the_representation_is_averaged(toy_overrides):
     assert all(h is not None and set(h) == {"head.weight", "head.bias"} for h in heads)
     assert not np.allclose(heads[0]["head.weight"], heads[1]["head.weight"])
     fits = [reply for _, _, op, reply in executor.log if op == "fit"]
-    mean = sum(r.num_examples * r.tensors["encoder.0.weight"].astype(np.float64) for r in fits) / sum(r.num_examples for r in fits)
+    mean = sum(r.num_examples * r.tensors["encoder.0.weight"].astype(np.float64) for r in fits) / sum(
+        r.num_examples for r in fits
+    )
     np.testing.assert_allclose(server.state["weights"]["encoder.0.weight"], mean, rtol=1e-5, atol=1e-6)
     target = federation.target_ids[0]
     assert executor.host.private_state(target)["head"] is None  # the target never trains a head
@@ -64,7 +66,11 @@ def test_target_predicts_with_the_sample_weighted_mean_of_the_sources_probabilit
     assert counts.tolist() == [float(federation.info(c).num_train) for c in sources]
     mixture = 0
     for cid, weight in zip(sources, counts / counts.sum()):
-        head = {k[len(f"heads.{cid}."):]: v for k, v in payload.items() if k.startswith(f"heads.{cid}.") and not k.endswith("count")}
+        head = {
+            k[len(f"heads.{cid}.") :]: v
+            for k, v in payload.items()
+            if k.startswith(f"heads.{cid}.") and not k.endswith("count")
+        }
         model.load_state_dict({k: torch.tensor(v) for k, v in {**body, **head}.items()})
         model.eval()
         with torch.no_grad():

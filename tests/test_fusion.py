@@ -1,4 +1,5 @@
 """Box fusion wrapper: hand-computed WBF, NMS behaviour, torchvision inputs, errors instead of exit()."""
+
 import numpy as np
 import pytest
 import torch
@@ -49,7 +50,11 @@ def test_nms_keeps_the_best_of_overlapping_boxes_and_soft_nms_decays_instead():
 
 
 def test_accepts_torchvision_outputs_and_returns_pixels():
-    out = {"boxes": torch.tensor([[20.0, 30.0, 60.0, 90.0]]), "scores": torch.tensor([0.5]), "labels": torch.tensor([3])}
+    out = {
+        "boxes": torch.tensor([[20.0, 30.0, 60.0, 90.0]]),
+        "scores": torch.tensor([0.5]),
+        "labels": torch.tensor([3]),
+    }
     boxes, scores, labels = fuse([out, out], SIZE, method="wbf")
     np.testing.assert_allclose(boxes, [[20, 30, 60, 90]], atol=1e-5)
     np.testing.assert_allclose(scores, [0.5])

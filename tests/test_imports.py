@@ -25,7 +25,9 @@ def test_registry_imports_only_what_a_run_asks_for():
     assert result.returncode == 0, result.stderr[-2000:]
 
 
-BLOCK_TORCHVISION = "import sys; sys.modules['torchvision'] = None; from experiments.cli import main; sys.exit(main(sys.argv[1:]))"
+BLOCK_TORCHVISION = (
+    "import sys; sys.modules['torchvision'] = None; from experiments.cli import main; sys.exit(main(sys.argv[1:]))"
+)
 
 
 def test_without_torchvision_classification_works_and_detection_says_what_to_install(tmp_path):
@@ -35,8 +37,22 @@ def test_without_torchvision_classification_works_and_detection_says_what_to_ins
     assert "fedavg" in listing.stdout and "feddadil" in listing.stdout
     assert "fedod" in listing.stdout and "not available" in listing.stdout
     run = subprocess.run(
-        [sys.executable, "-c", BLOCK_TORCHVISION, "run", "--method", "fedod", "--benchmark", "scenes", "--rounds", "1",
-         "--out", str(tmp_path / "run")], capture_output=True, text=True,
+        [
+            sys.executable,
+            "-c",
+            BLOCK_TORCHVISION,
+            "run",
+            "--method",
+            "fedod",
+            "--benchmark",
+            "scenes",
+            "--rounds",
+            "1",
+            "--out",
+            str(tmp_path / "run"),
+        ],
+        capture_output=True,
+        text=True,
     )
     assert run.returncode == 2
     assert "'.[detection]'" in run.stderr and len(run.stderr.strip().splitlines()) == 1, run.stderr

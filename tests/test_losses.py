@@ -1,11 +1,21 @@
 """Domain losses: gradient reversal, DANN, MMD, CORAL on tiny shifted samples."""
+
 import math
 
 import pytest
 import torch
 from torch.nn import functional as F
 
-from fedsim.losses import CORALLoss, DANNLoss, DomainLoss, GradientReversalLayer, MMDLoss, dann_schedule, gaussian_mmd2, grad_reverse
+from fedsim.losses import (
+    CORALLoss,
+    DANNLoss,
+    DomainLoss,
+    GradientReversalLayer,
+    MMDLoss,
+    dann_schedule,
+    gaussian_mmd2,
+    grad_reverse,
+)
 
 
 def gaussian(n, d=4, shift=0.0, seed=0, scale=1.0):
@@ -105,7 +115,10 @@ def test_dann_reverses_and_scales_the_gradient_reaching_the_features():
     source.grad = target.grad = None
     loss.discriminator.zero_grad()
     logits_s, logits_t = loss.discriminator(source), loss.discriminator(target)
-    plain = 0.5 * (F.binary_cross_entropy_with_logits(logits_s, torch.ones(10)) + F.binary_cross_entropy_with_logits(logits_t, torch.zeros(12)))
+    plain = 0.5 * (
+        F.binary_cross_entropy_with_logits(logits_s, torch.ones(10))
+        + F.binary_cross_entropy_with_logits(logits_t, torch.zeros(12))
+    )
     assert float(plain.detach()) == pytest.approx(float(value.detach()))
     plain.backward()
     assert torch.allclose(grad_source, -0.25 * source.grad, atol=1e-7)
@@ -126,6 +139,6 @@ def test_dann_lr_factor_is_ganins_annealing():
     from fedsim.losses.domain import dann_lr_factor
 
     assert dann_lr_factor(0.0) == 1.0
-    assert dann_lr_factor(1.0) == pytest.approx(1 / 11 ** 0.75)
+    assert dann_lr_factor(1.0) == pytest.approx(1 / 11**0.75)
     assert dann_lr_factor(0.3) == pytest.approx(1 / (1 + 10 * 0.3) ** 0.75)
     assert dann_lr_factor(2.0) == dann_lr_factor(1.0) and dann_lr_factor(-1.0) == 1.0  # progress clipped to [0, 1]

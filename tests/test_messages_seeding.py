@@ -13,7 +13,12 @@ def test_message_bytes_count_tensor_buffers():
 def test_derived_seeds_depend_on_every_part_and_only_on_them():
     base = derive_seed(0, 3, 1, "fit")
     assert base == derive_seed(0, 3, 1, "fit")
-    others = {derive_seed(1, 3, 1, "fit"), derive_seed(0, 4, 1, "fit"), derive_seed(0, 3, 2, "fit"), derive_seed(0, 3, 1, "evaluate")}
+    others = {
+        derive_seed(1, 3, 1, "fit"),
+        derive_seed(0, 4, 1, "fit"),
+        derive_seed(0, 3, 2, "fit"),
+        derive_seed(0, 3, 1, "evaluate"),
+    }
     assert base not in others and len(others) == 4
     assert 0 <= base < 2**63
 

@@ -1,7 +1,9 @@
 """FedAvg arithmetic on mock replies, and contract tests over every registered method (detection included)."""
+
 import numpy as np
 import pytest
 import torch
+from conftest import RecordingExecutor
 
 from fedsim.config import load_config
 from fedsim.data.scenario import ClientInfo, Federation, build_federation, load_client_data
@@ -12,27 +14,42 @@ from fedsim.registry import METHODS
 from fedsim.runtime import Server
 from fedsim.runtime.context import RoundContext
 
-from conftest import RecordingExecutor
-
 #: a tiny detection scenario (the scenes benchmark's tiny variant), for the detection methods
 SCENES_TINY = [
-    "data.benchmark=scenes", "data.variant=tiny", "data.target=dusk", "data.sources=server,farm", "run.rounds=1",
-    "method.batch_size=4", "method.lr=0.01", "method.width=4", "method.fpn_channels=8", "method.head_convs=1",
-    "method.base_iters=2", "method.client_iters=1",
+    "data.benchmark=scenes",
+    "data.variant=tiny",
+    "data.target=dusk",
+    "data.sources=server,farm",
+    "run.rounds=1",
+    "method.batch_size=4",
+    "method.lr=0.01",
+    "method.width=4",
+    "method.fpn_channels=8",
+    "method.head_convs=1",
+    "method.base_iters=2",
+    "method.client_iters=1",
 ]
 DETECTION_EXTRA = {"fedod": ["method.distill_iters=1"], "fedrep_det": ["method.head_iters=1"]}
 
 
 def mock_federation():
-    clients = (ClientInfo(0, "a", "source", 10, 5), ClientInfo(1, "b", "source", 30, 5), ClientInfo(2, "c", "target", 20, 5))
+    clients = (
+        ClientInfo(0, "a", "source", 10, 5),
+        ClientInfo(1, "b", "source", 30, 5),
+        ClientInfo(2, "c", "target", 20, 5),
+    )
     return Federation("mock", "c", ("a", "b", "c"), clients, (4,), 3)
 
 
 def test_fedavg_aggregate_is_the_sample_weighted_mean():
     method = METHODS.get("fedavg")(load_config(), mock_federation())
     replies = {
-        0: Reply(0, {"w": np.full((2, 2), 1.0, np.float32), "steps": np.array(10)}, {"train_loss": 0.5}, num_examples=10),
-        1: Reply(1, {"w": np.full((2, 2), 4.0, np.float32), "steps": np.array(21)}, {"train_loss": 0.1}, num_examples=30),
+        0: Reply(
+            0, {"w": np.full((2, 2), 1.0, np.float32), "steps": np.array(10)}, {"train_loss": 0.5}, num_examples=10
+        ),
+        1: Reply(
+            1, {"w": np.full((2, 2), 4.0, np.float32), "steps": np.array(21)}, {"train_loss": 0.1}, num_examples=30
+        ),
     }
     state, metrics = method.aggregate(None, {"weights": {}}, replies)
     # (10 * 1 + 30 * 4) / 40 = 3.25 ; (10 * 10 + 30 * 21) / 40 = 18.25 -> 18 for an integer buffer
@@ -84,7 +101,11 @@ def _contains_raw_data(tensor: np.ndarray, data) -> bool:
     for array in arrays:
         if tensor.shape == array.shape and np.allclose(tensor, array):
             return True
-        if tensor.ndim >= 1 and tensor.shape[0] in (len(data.train), len(data.test)) and tensor.shape[1:] == data.train.x.shape[1:]:
+        if (
+            tensor.ndim >= 1
+            and tensor.shape[0] in (len(data.train), len(data.test))
+            and tensor.shape[1:] == data.train.x.shape[1:]
+        ):
             return True
     return False
 
@@ -117,7 +138,11 @@ def _leaks(tensor: np.ndarray, leaves: list[np.ndarray]) -> bool:
 def _overrides(name, toy_overrides):
     if METHODS.get(name).task == "detection":
         cache = [o for o in toy_overrides if o.startswith("data.cache_dir=")]
-        return SCENES_TINY + cache + ["run.progress=false", "run.tensorboard=false", f"method.name={name}", *DETECTION_EXTRA.get(name, [])]
+        return (
+            SCENES_TINY
+            + cache
+            + ["run.progress=false", "run.tensorboard=false", f"method.name={name}", *DETECTION_EXTRA.get(name, [])]
+        )
     return toy_overrides + [f"method.name={name}"]
 
 
@@ -143,12 +168,16 @@ def test_method_contract_no_raw_data_and_no_private_state_in_replies(method_name
         assert all(np.isscalar(v) for v in reply.metrics.values()), "reply metrics must be scalars"
         leaves = _state_leaves(executor.host.private_state(reply.client_id), transient)
         for name, tensor in reply.tensors.items():
-            assert not _leaks(tensor, leaves), f"{method_name} reply tensor {name!r} is a leaf of client {reply.client_id}'s private state"
+            assert not _leaks(tensor, leaves), (
+                f"{method_name} reply tensor {name!r} is a leaf of client {reply.client_id}'s private state"
+            )
         if method_cls.centralized:
             continue  # a centralized reference uploads client data by design (declared, see the test below)
         data = executor.host._client(reply.client_id)
         for name, tensor in reply.tensors.items():
-            assert not _contains_raw_data(np.asarray(tensor), data), f"{method_name} reply tensor {name!r} carries raw client data"
+            assert not _contains_raw_data(np.asarray(tensor), data), (
+                f"{method_name} reply tensor {name!r} carries raw client data"
+            )
 
 
 @pytest.mark.parametrize("method_name", METHODS.names())
@@ -198,5 +227,7 @@ def test_clients_per_round_samples_deterministically(toy_overrides):
     assert all(len(c) == 3 and set(c) <= set(federation.source_ids) for c in picks)
     assert picks == [chosen(method, r) for r in (1, 2, 3)]
     assert len({tuple(c) for c in picks}) > 1, "different rounds sample different clients"
-    half = METHODS.get("fedavg")(load_config(None, toy_overrides + ["data.clients_per_domain=5", "run.clients_per_round=0.5"]), federation)
+    half = METHODS.get("fedavg")(
+        load_config(None, toy_overrides + ["data.clients_per_domain=5", "run.clients_per_round=0.5"]), federation
+    )
     assert len(chosen(half, 1)) == 5

@@ -14,6 +14,7 @@ own token file and gives every process the same ``RAY_AUTH_MODE=token`` and
 worker or driver joining ``host:port`` needs ``RAY_AUTH_MODE=token`` when the head uses a
 token; a private token keeps the test independent of ``~/.ray/auth_token``.
 """
+
 import csv
 import json
 import os
@@ -58,8 +59,14 @@ def _free_port() -> int:
 def _port_flags() -> list[str]:
     """Every port a node opens, chosen free, so the node never collides with another cluster."""
     flags = ["--min-worker-port", "0", "--max-worker-port", "0"]
-    for flag in ("--node-manager-port", "--object-manager-port", "--dashboard-agent-listen-port",
-                 "--dashboard-agent-grpc-port", "--metrics-export-port", "--runtime-env-agent-port"):
+    for flag in (
+        "--node-manager-port",
+        "--object-manager-port",
+        "--dashboard-agent-listen-port",
+        "--dashboard-agent-grpc-port",
+        "--metrics-export-port",
+        "--runtime-env-agent-port",
+    ):
         flags += [flag, str(_free_port())]
     return flags
 
@@ -72,22 +79,56 @@ class TwoNodeCluster:
         token.write_text(secrets.token_hex(32))
         token.chmod(0o600)
         self.env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_AUTH_TOKEN")}
-        self.env.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=str(token), RAY_USAGE_STATS_ENABLED="0",
-                        TQDM_DISABLE="1", RAY_DEDUP_LOGS="0")
+        self.env.update(
+            RAY_AUTH_MODE="token",
+            RAY_AUTH_TOKEN_PATH=str(token),
+            RAY_USAGE_STATS_ENABLED="0",
+            TQDM_DISABLE="1",
+            RAY_DEDUP_LOGS="0",
+        )
         self.port = _free_port()
         self.address = f"127.0.0.1:{self.port}"
         self.processes: list[subprocess.Popen] = []
 
     def _start(self, name: str, args: list[str]) -> None:
-        common = ["--block", "--num-cpus", "1", "--object-store-memory", str(150 * 1024 * 1024), "--disable-usage-stats",
-                  "--temp-dir", str(self.root / name), "--node-ip-address", "127.0.0.1"]
+        common = [
+            "--block",
+            "--num-cpus",
+            "1",
+            "--object-store-memory",
+            str(150 * 1024 * 1024),
+            "--disable-usage-stats",
+            "--temp-dir",
+            str(self.root / name),
+            "--node-ip-address",
+            "127.0.0.1",
+        ]
         log = open(self.root / f"{name}.log", "w")
-        self.processes.append(subprocess.Popen([str(BIN / "ray"), "start"] + args + common + _port_flags(), env=self.env,
-                                               stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
+        self.processes.append(
+            subprocess.Popen(
+                [str(BIN / "ray"), "start"] + args + common + _port_flags(),
+                env=self.env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        )
 
     def start(self) -> dict:
-        self._start("head", ["--head", "--port", str(self.port), "--include-dashboard", "false",
-                             "--ray-client-server-port", str(_free_port()), "--resources", '{"fedsim_head": 1}'])
+        self._start(
+            "head",
+            [
+                "--head",
+                "--port",
+                str(self.port),
+                "--include-dashboard",
+                "false",
+                "--ray-client-server-port",
+                str(_free_port()),
+                "--resources",
+                '{"fedsim_head": 1}',
+            ],
+        )
         deadline = time.time() + 60
         while True:
             try:
@@ -112,7 +153,9 @@ class TwoNodeCluster:
         return clients
 
     def query(self) -> dict:
-        proc = subprocess.run([sys.executable, "-c", QUERY, self.address], env=self.env, capture_output=True, text=True, timeout=180)
+        proc = subprocess.run(
+            [sys.executable, "-c", QUERY, self.address], env=self.env, capture_output=True, text=True, timeout=180
+        )
         assert proc.returncode == 0, proc.stderr[-3000:]
         return json.loads(proc.stdout.strip().splitlines()[-1])
 
@@ -150,7 +193,9 @@ def two_nodes():
 
 
 def _fedsim(cluster, args, timeout=300):
-    proc = subprocess.run([str(BIN / "fedsim")] + args, env=cluster.env, capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.run(
+        [str(BIN / "fedsim")] + args, env=cluster.env, capture_output=True, text=True, timeout=timeout
+    )
     assert proc.returncode == 0, f"{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
     return proc
 
@@ -165,7 +210,11 @@ def _toy_flags(toy_overrides, rounds=1):
 
 def test_run_places_client_actors_on_both_nodes(two_nodes, toy_overrides, tmp_path):
     out = tmp_path / "run"
-    _fedsim(two_nodes, ["run", "-q", "--backend", "ray", "--address", two_nodes.address, "--out", str(out)] + _toy_flags(toy_overrides))
+    _fedsim(
+        two_nodes,
+        ["run", "-q", "--backend", "ray", "--address", two_nodes.address, "--out", str(out)]
+        + _toy_flags(toy_overrides),
+    )
     summary = json.loads((out / "summary.json").read_text())
     assert summary["backend"] == "ray" and 0.0 <= summary["target_accuracy"] <= 1.0
     clients = two_nodes.new_client_actors()
@@ -178,8 +227,11 @@ def test_run_places_client_actors_on_both_nodes(two_nodes, toy_overrides, tmp_pa
 
 def test_sweep_places_each_trials_client_actors_on_both_nodes(two_nodes, toy_overrides, tmp_path):
     out = tmp_path / "sweep"
-    _fedsim(two_nodes, ["sweep", "-q", "--address", two_nodes.address, "--methods", "fedavg,fedprox", "--out", str(out)]
-            + _toy_flags(toy_overrides))
+    _fedsim(
+        two_nodes,
+        ["sweep", "-q", "--address", two_nodes.address, "--methods", "fedavg,fedprox", "--out", str(out)]
+        + _toy_flags(toy_overrides),
+    )
     with open(out / "results.csv", newline="") as fh:
         rows = list(csv.DictReader(fh))
     assert [(r["method"], r["status"]) for r in rows] == [("fedavg", "finished"), ("fedprox", "finished")]

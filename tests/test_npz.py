@@ -1,4 +1,5 @@
 """The npz benchmark: user-provided domains, and one clear error per bad input."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -30,7 +31,9 @@ def _folder(tmp_path: Path, **overrides) -> Path:
 
 
 def _bench(root, **kw) -> NpzBenchmark:
-    return NpzBenchmark(DataConfig(benchmark="npz", root=None if root is None else str(root), cache_dir="/nonexistent", **kw))
+    return NpzBenchmark(
+        DataConfig(benchmark="npz", root=None if root is None else str(root), cache_dir="/nonexistent", **kw)
+    )
 
 
 def _error(bench: NpzBenchmark) -> str:
@@ -71,8 +74,13 @@ def test_explicit_test_split_images_and_subsample(tmp_path):
     root = tmp_path / "imgs"
     root.mkdir()
     for name in ("a", "b"):
-        np.savez(root / f"{name}.npz", x=rng.random((30, 1, 4, 4)), y=np.arange(30) % 5,
-                 x_test=rng.random((7, 1, 4, 4)), y_test=np.arange(7) % 5)
+        np.savez(
+            root / f"{name}.npz",
+            x=rng.random((30, 1, 4, 4)),
+            y=np.arange(30) % 5,
+            x_test=rng.random((7, 1, 4, 4)),
+            y_test=np.arange(7) % 5,
+        )
     bench = _bench(root, max_train_per_domain=10)
     d = bench.load("b")
     assert d.input_shape == (1, 4, 4) and d.num_classes == 5

@@ -1,4 +1,5 @@
 """fedsim.ot: Wasserstein distances, labeled barycenters, simplex projection (POT-backed)."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -67,8 +68,9 @@ def test_identical_distributions_and_symmetry(solver):
 def test_sinkhorn_close_to_emd(solver):
     (xs, ys), (xt, yt) = _rand(9, 20, 2, 3), _rand(10, 25, 2, 3)
     exact = float(wasserstein_distance(xs, xt, ys, yt))
-    values = [float(wasserstein_distance(xs, xt, ys, yt, solver=solver, reg=r, max_iter=3000))
-              for r in (0.05, 0.01, 0.005)]
+    values = [
+        float(wasserstein_distance(xs, xt, ys, yt, solver=solver, reg=r, max_iter=3000)) for r in (0.05, 0.01, 0.005)
+    ]
     assert all(np.isfinite(values))
     assert values[-1] == pytest.approx(exact, rel=0.08)
     assert values[0] > values[1] > values[2] >= exact - 1e-6  # entropic bias shrinks with reg, stays >= optimum
@@ -102,7 +104,9 @@ def test_square_uniform_emd_is_solved_as_an_assignment_with_pots_plan(seed):
     pot_plan = ot.emd(_uniform(40), _uniform(40), cost.numpy())
     assert np.array_equal(plan.numpy() > 0, pot_plan > 0)
     assert plan.numpy() == pytest.approx(pot_plan, abs=1e-15)
-    assert float(wasserstein_distance(xs, xt, ys, yt, beta=2.0)) == pytest.approx(ot.emd2(_uniform(40), _uniform(40), cost.numpy()), rel=1e-12)
+    assert float(wasserstein_distance(xs, xt, ys, yt, beta=2.0)) == pytest.approx(
+        ot.emd2(_uniform(40), _uniform(40), cost.numpy()), rel=1e-12
+    )
 
 
 def test_uneven_weights_still_go_to_the_network_simplex():
@@ -149,8 +153,8 @@ def test_barycenter_matches_pot_free_support():
     alpha = torch.tensor([0.2, 0.3, 0.5], dtype=f64)
     init = _rand(40, 8, 2)
     expected = ot.lp.free_support_barycenter(
-        [a.numpy() for a in atoms], [_uniform(8)] * 3, init.numpy(), weights=alpha.numpy(),
-        numItermax=50, stopThr=1e-12)
+        [a.numpy() for a in atoms], [_uniform(8)] * 3, init.numpy(), weights=alpha.numpy(), numItermax=50, stopThr=1e-12
+    )
     xb, yb = labeled_barycenter(atoms, None, alpha, init=init, n_iter=50, tol=1e-12)
     assert yb is None
     assert np.allclose(xb.numpy(), expected, atol=1e-8)
@@ -160,8 +164,9 @@ def test_barycenter_labels_in_simplex_and_support_size():
     atoms = [_rand(50 + k, 9 + k, 2, 3) for k in range(3)]
     alpha = project_simplex(torch.tensor([0.1, 0.7, 0.4], dtype=f64))
     for solver in ("emd", "sinkhorn"):
-        xb, yb = labeled_barycenter([a[0] for a in atoms], [a[1] for a in atoms], alpha, n_support=6,
-                                    solver=solver, reg=0.05)
+        xb, yb = labeled_barycenter(
+            [a[0] for a in atoms], [a[1] for a in atoms], alpha, n_support=6, solver=solver, reg=0.05
+        )
         assert xb.shape == (6, 2) and yb.shape == (6, 3)
         assert (yb >= -1e-12).all()
         assert torch.allclose(yb.sum(1), torch.ones(6, dtype=f64), atol=1e-6)
@@ -183,18 +188,22 @@ def test_gradcheck_barycenter():
 def _brute_force_projection(v):
     from scipy.optimize import minimize
 
-    res = minimize(lambda w: 0.5 * np.sum((w - v) ** 2), np.full(len(v), 1 / len(v)), jac=lambda w: w - v,
-                   bounds=[(0, None)] * len(v), constraints=[{"type": "eq", "fun": lambda w: w.sum() - 1}],
-                   method="SLSQP", options={"ftol": 1e-14, "maxiter": 500})
+    res = minimize(
+        lambda w: 0.5 * np.sum((w - v) ** 2),
+        np.full(len(v), 1 / len(v)),
+        jac=lambda w: w - v,
+        bounds=[(0, None)] * len(v),
+        constraints=[{"type": "eq", "fun": lambda w: w.sum() - 1}],
+        method="SLSQP",
+        options={"ftol": 1e-14, "maxiter": 500},
+    )
     return res.x
 
 
-@pytest.mark.parametrize("v,expected", [
-    ([0.5, 2.0, -1.0], [0.0, 1.0, 0.0]),
-    ([1.0, 1.0], [0.5, 0.5]),
-    ([0.6, 0.6, 0.0], [0.5, 0.5, 0.0]),
-    ([5.0], [1.0]),
-])
+@pytest.mark.parametrize(
+    "v,expected",
+    [([0.5, 2.0, -1.0], [0.0, 1.0, 0.0]), ([1.0, 1.0], [0.5, 0.5]), ([0.6, 0.6, 0.0], [0.5, 0.5, 0.0]), ([5.0], [1.0])],
+)
 def test_project_simplex_known_cases(v, expected):
     got = project_simplex(torch.tensor(v, dtype=f64))
     assert torch.allclose(got, torch.tensor(expected, dtype=f64))
@@ -215,19 +224,22 @@ def test_project_simplex_properties_and_brute_force():
 
 
 # ---------------------------------------------------------------- bad inputs
-@pytest.mark.parametrize("kwargs,match", [
-    (dict(xs=torch.zeros(3, 2, dtype=f64), xt=torch.zeros(3, 4, dtype=f64)), "feature dimensions differ"),
-    (dict(ys=torch.zeros(3, 2, dtype=f64), yt=torch.zeros(4, 3, dtype=f64)), "label dimensions differ"),
-    (dict(ys=torch.zeros(3, 2, dtype=f64)), "both ys and yt"),
-    (dict(ys=torch.zeros(5, 2, dtype=f64), yt=torch.zeros(4, 2, dtype=f64)), "label rows"),
-    (dict(a=torch.tensor([0.5, 0.2, 0.2], dtype=f64)), "must sum to 1"),
-    (dict(b=torch.tensor([0.5, 0.5], dtype=f64)), "length 4"),
-    (dict(a=torch.tensor([1.5, -0.25, -0.25], dtype=f64)), "negative"),
-    (dict(solver="exact"), "unknown solver"),
-    (dict(solver="sinkhorn", reg=0.0), "reg must be positive"),
-    (dict(xt=torch.zeros(4, 3, dtype=torch.float32)), "dtype"),
-    (dict(xs=torch.zeros(3, dtype=f64)), "2-D"),
-])
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        (dict(xs=torch.zeros(3, 2, dtype=f64), xt=torch.zeros(3, 4, dtype=f64)), "feature dimensions differ"),
+        (dict(ys=torch.zeros(3, 2, dtype=f64), yt=torch.zeros(4, 3, dtype=f64)), "label dimensions differ"),
+        (dict(ys=torch.zeros(3, 2, dtype=f64)), "both ys and yt"),
+        (dict(ys=torch.zeros(5, 2, dtype=f64), yt=torch.zeros(4, 2, dtype=f64)), "label rows"),
+        (dict(a=torch.tensor([0.5, 0.2, 0.2], dtype=f64)), "must sum to 1"),
+        (dict(b=torch.tensor([0.5, 0.5], dtype=f64)), "length 4"),
+        (dict(a=torch.tensor([1.5, -0.25, -0.25], dtype=f64)), "negative"),
+        (dict(solver="exact"), "unknown solver"),
+        (dict(solver="sinkhorn", reg=0.0), "reg must be positive"),
+        (dict(xt=torch.zeros(4, 3, dtype=torch.float32)), "dtype"),
+        (dict(xs=torch.zeros(3, dtype=f64)), "2-D"),
+    ],
+)
 def test_wasserstein_bad_inputs(kwargs, match):
     args = dict(xs=torch.zeros(3, 3, dtype=f64), xt=torch.ones(4, 3, dtype=f64))
     args.update(kwargs)

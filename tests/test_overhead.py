@@ -1,4 +1,5 @@
 """Only the processes that train import torch (issue 16): a FedAvg or FedProx driver and server stay numpy-only."""
+
 import json
 import subprocess
 import sys
@@ -51,8 +52,12 @@ print(json.dumps({"w": result.global_tensors["w"].tolist(), "n": result.global_t
 
 @pytest.mark.parametrize("method", ["fedavg", "fedprox"])
 def test_driver_and_server_of_a_numpy_method_never_import_torch(method, toy_overrides, tmp_path):
-    run = subprocess.run([sys.executable, "-c", NUMPY_CLIENTS, method, str(tmp_path / "run"), *toy_overrides],
-                         capture_output=True, text=True, timeout=120)
+    run = subprocess.run(
+        [sys.executable, "-c", NUMPY_CLIENTS, method, str(tmp_path / "run"), *toy_overrides],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     out = json.loads(run.stdout.strip().splitlines()[-1])
     assert out["torch_modules"] == []
@@ -69,7 +74,11 @@ def test_torch_declaration_is_per_method_not_inherited():
     class Subclass(FedAvg):  # a subclass that does not declare it may add server-side torch work
         pass
 
-    assert FedAvg.server_needs_torch is False and FedProx.server_needs_torch is False and Subclass.server_needs_torch is True
+    assert (
+        FedAvg.server_needs_torch is False
+        and FedProx.server_needs_torch is False
+        and Subclass.server_needs_torch is True
+    )
 
 
 def test_ray_server_actor_of_fedavg_never_imports_torch(toy_overrides, ray_cluster):
@@ -78,13 +87,17 @@ def test_ray_server_actor_of_fedavg_never_imports_torch(toy_overrides, ray_clust
     from fedsim.config import load_config
     from fedsim.data.scenario import build_federation
 
-    config = load_config(None, toy_overrides + ["run.backend=ray", "method.name=fedavg", "ray.max_actors=1", "run.rounds=1"])
+    config = load_config(
+        None, toy_overrides + ["run.backend=ray", "method.name=fedavg", "ray.max_actors=1", "run.rounds=1"]
+    )
     server = start_server(config, build_federation(config.data))
     try:
         server.setup(1)
         metrics = server.run_round(1, True)
         loaded = ray_cluster.get(server.actor.__ray_call__.remote(lambda actor: "torch" in sys.modules))
-        client_loaded = ray_cluster.get(server.client_actors[0].__ray_call__.remote(lambda actor: "torch" in sys.modules))
+        client_loaded = ray_cluster.get(
+            server.client_actors[0].__ray_call__.remote(lambda actor: "torch" in sys.modules)
+        )
     finally:
         server.close()
     assert 0 <= metrics["target_accuracy"] <= 1 and metrics["bytes_received"] > 0

@@ -1,4 +1,5 @@
 """The README's examples run as written: the method written in the new form, and the Python API."""
+
 import re
 from pathlib import Path
 

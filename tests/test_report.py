@@ -1,4 +1,5 @@
 """`fedsim report DIR`: run directories, directories of runs and sweep directories -> report.md + PNG plots."""
+
 import json
 
 import numpy as np
@@ -23,10 +24,21 @@ def _record(trial, method, epochs, seed, accuracies, step_bytes=100, wall=2.0):
     for rnd, acc in enumerate(accuracies, start=1):
         total += step_bytes
         history.append({"round": rnd, "target_accuracy": acc, "mean_source_accuracy": 0.9, "bytes_total": total})
-    return {"trial_id": trial, "status": "finished", "params": {"method": method, "local_epochs": epochs, "seed": seed},
-            "benchmark": "digits", "target": "usps", "rounds": len(accuracies), "target_accuracy": accuracies[-1],
-            "mean_source_accuracy": 0.9, "bytes_sent": total - 40, "bytes_received": 40, "wall_seconds": wall,
-            "client_nodes": "n1", "history": history}
+    return {
+        "trial_id": trial,
+        "status": "finished",
+        "params": {"method": method, "local_epochs": epochs, "seed": seed},
+        "benchmark": "digits",
+        "target": "usps",
+        "rounds": len(accuracies),
+        "target_accuracy": accuracies[-1],
+        "mean_source_accuracy": 0.9,
+        "bytes_sent": total - 40,
+        "bytes_received": 40,
+        "wall_seconds": wall,
+        "client_nodes": "n1",
+        "history": history,
+    }
 
 
 def _assert_pngs(folder):
@@ -60,7 +72,12 @@ def test_sweep_directory_report_means_and_std_over_seeds(tmp_path, capsys):
     _assert_pngs(tmp_path)
     kind, loaded = load_records(tmp_path)
     assert kind == "sweep" and [r["trial_id"] for r in loaded] == [f"t{i}" for i in range(6)]
-    assert loaded[1]["history"][-1] == {"round": 2, "target_accuracy": 0.8, "mean_source_accuracy": 0.9, "bytes_total": 200}
+    assert loaded[1]["history"][-1] == {
+        "round": 2,
+        "target_accuracy": 0.8,
+        "mean_source_accuracy": 0.9,
+        "bytes_total": 200,
+    }
 
 
 def test_unfinished_trials_are_listed_not_averaged(tmp_path):
@@ -74,7 +91,13 @@ def test_run_directory_and_directory_of_runs(toy_overrides, tmp_path, capsys):
     runs = tmp_path / "runs"
     for epochs in (1, 2):
         out = runs / f"e{epochs}"
-        assert main(["run", "-q", "--backend", "local", "--out", str(out), "--local-epochs", str(epochs)] + _flags(toy_overrides)) == 0
+        assert (
+            main(
+                ["run", "-q", "--backend", "local", "--out", str(out), "--local-epochs", str(epochs)]
+                + _flags(toy_overrides)
+            )
+            == 0
+        )
     assert main(["report", str(runs / "e1")]) == 0
     summary = json.loads((runs / "e1" / "summary.json").read_text())
     report = (runs / "e1" / "report.md").read_text()
@@ -88,11 +111,14 @@ def test_run_directory_and_directory_of_runs(toy_overrides, tmp_path, capsys):
     assert "runs report" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("setup, expected", [
-    (lambda p: None, "holds no run (summary.json) and no sweep (results.csv)"),
-    (lambda p: (p / "sweep.json").write_text("{}"), "finish it with 'fedsim sweep --resume"),
-    (lambda p: (p / "results.csv").write_text("trial_id,status\n"), "no rounds.csv"),
-])
+@pytest.mark.parametrize(
+    "setup, expected",
+    [
+        (lambda p: None, "holds no run (summary.json) and no sweep (results.csv)"),
+        (lambda p: (p / "sweep.json").write_text("{}"), "finish it with 'fedsim sweep --resume"),
+        (lambda p: (p / "results.csv").write_text("trial_id,status\n"), "no rounds.csv"),
+    ],
+)
 def test_bad_directories_one_line_exit_2(setup, expected, tmp_path, capsys):
     setup(tmp_path)
     assert main(["report", str(tmp_path)]) == 2

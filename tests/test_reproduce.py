@@ -1,5 +1,6 @@
 """`fedsim reproduce`: the paper specs are valid grids, a spec's claims are checked on a results table,
 bad input is one line (exit 2, nothing written), and one protocol runs end to end as Ray Tune trials."""
+
 import csv
 import json
 from pathlib import Path
@@ -46,15 +47,23 @@ def test_quick_shrinks_rounds_and_data():
     assert {(c.data.benchmark, c.data.target) for c in configs} == {("digits", "usps"), ("tep", "mode2")}
     assert {c.run.seed for c in configs} == {4, 5}
     control = [c for c in configs if c.method.name == "fedavg" and c.method.local_epochs == 3]
-    assert len(control) == 4  # the compute-matched control keeps its 3 local epochs in the quick grid (2 targets x 2 seeds)
+    assert (
+        len(control) == 4
+    )  # the compute-matched control keeps its 3 local epochs in the quick grid (2 targets x 2 seeds)
 
 
 SPEC = {
-    "paper": "toy", "seeds": [0, 1],
+    "paper": "toy",
+    "seeds": [0, 1],
     "benchmarks": {"npz": {"targets": ["dom1", "dom2"]}},
     "runs": {"a": {}, "b": {}, "c": {"only": {"npz": ["dom1"]}}},
     "metrics": {"loss": "rounds:train_loss:last"},
-    "rows": [{"name": "a"}, {"name": "b"}, {"name": "c"}, {"name": "a-e", "run": "a", "metrics": {"target": "target_accuracy_E"}}],
+    "rows": [
+        {"name": "a"},
+        {"name": "b"},
+        {"name": "c"},
+        {"name": "a-e", "run": "a", "metrics": {"target": "target_accuracy_E"}},
+    ],
     "claims": [
         {"claim": "a above b", "order": ["a", "b"]},
         {"claim": "a at least b and c on dom1", "order": ["a", ["b", "c"]], "strict": False, "target": "dom1"},
@@ -67,17 +76,31 @@ SPEC = {
 def _record(spec, run, target, seed, accuracy, losses, status="finished"):
     variant = next(name for name, r, _, t in spec.variants() if (r, t) == (run, target))
     summary = {"target_accuracy": accuracy, "source_accuracy/dom0": 0.9, "source_accuracy/dom2": 0.7}
-    return {"trial_id": f"{run}-{target}-{seed}", "status": status, "params": {"variant": variant, "seed": seed}, "summary": summary,
-            "round_metrics": [{"round": i + 1, "train_loss/0": loss, "train_loss/1": loss + 0.2} for i, loss in enumerate(losses)]}
+    return {
+        "trial_id": f"{run}-{target}-{seed}",
+        "status": status,
+        "params": {"variant": variant, "seed": seed},
+        "summary": summary,
+        "round_metrics": [
+            {"round": i + 1, "train_loss/0": loss, "train_loss/1": loss + 0.2} for i, loss in enumerate(losses)
+        ],
+    }
 
 
 def test_results_table_and_claims_from_records():
     spec = PaperSpec("toy", SPEC, Path("."))
-    records = [_record(spec, "a", "dom1", 0, 0.6, [1.0, 0.5]), _record(spec, "a", "dom1", 1, 0.8, [1.0, 0.3]),
-               _record(spec, "a", "dom2", 0, 0.5, [1.0, 0.4]), _record(spec, "a", "dom2", 1, 0.5, [1.0, 0.4]),
-               _record(spec, "b", "dom1", 0, 0.6, [2.0, 0.9]), _record(spec, "b", "dom1", 1, 0.6, [2.0, 0.9]),
-               _record(spec, "b", "dom2", 0, 0.4, [2.0, 0.9]), _record(spec, "b", "dom2", 1, 0.0, [2.0, 0.9], status="error"),
-               _record(spec, "c", "dom1", 0, 0.7, [1.0, 1.0]), _record(spec, "c", "dom1", 1, 0.7, [1.0, 1.0])]
+    records = [
+        _record(spec, "a", "dom1", 0, 0.6, [1.0, 0.5]),
+        _record(spec, "a", "dom1", 1, 0.8, [1.0, 0.3]),
+        _record(spec, "a", "dom2", 0, 0.5, [1.0, 0.4]),
+        _record(spec, "a", "dom2", 1, 0.5, [1.0, 0.4]),
+        _record(spec, "b", "dom1", 0, 0.6, [2.0, 0.9]),
+        _record(spec, "b", "dom1", 1, 0.6, [2.0, 0.9]),
+        _record(spec, "b", "dom2", 0, 0.4, [2.0, 0.9]),
+        _record(spec, "b", "dom2", 1, 0.0, [2.0, 0.9], status="error"),
+        _record(spec, "c", "dom1", 0, 0.7, [1.0, 1.0]),
+        _record(spec, "c", "dom1", 1, 0.7, [1.0, 1.0]),
+    ]
     assert metric_value(records[0], "source_accuracy") == pytest.approx(0.8)  # a mapping: the mean of its numbers
     assert metric_value(records[0], "rounds:train_loss:last") == pytest.approx(0.6)  # mean over clients, last round
     assert metric_value(records[0], "rounds:train_loss:first_half") == pytest.approx(1.1)
@@ -101,33 +124,44 @@ def test_at_least_claims_accept_ties():
     spec = PaperSpec("toy", SPEC, Path("."))
     records = [_record(spec, run, "dom1", seed, 0.7, [1.0]) for run in ("a", "b", "c") for seed in (0, 1)]
     claim = next(c for c in spec.claims if c.text == "a at least b and c on dom1")
-    assert check_claim(spec, results_rows(spec, records), claim) == [("holds", "npz, target dom1: a 0.700 vs b 0.700, c 0.700")]
+    assert check_claim(spec, results_rows(spec, records), claim) == [
+        ("holds", "npz, target dom1: a 0.700 vs b 0.700, c 0.700")
+    ]
 
 
-@pytest.mark.parametrize("change, expected", [
-    ({"rowz": []}, "unknown key 'rowz' in spec toy: did you mean 'rows'?"),
-    ({"rows": [{"name": "a", "run": "zz"}]}, "row a names an unknown run 'zz'"),
-    ({"claims": [{"claim": "x", "order": ["a", "q"]}]}, "claim 'x' names an unknown row 'q'"),
-    ({"claims": [{"claim": "x", "order": ["a"]}]}, "order needs two or more rows"),
-    ({"claims": [{"claim": "x", "order": ["a:speed", "b"]}]}, "row a has no metric 'speed'"),
-    ({"runs": {"a": {"config": "nowhere.yaml"}}, "rows": [{"name": "a"}], "claims": []}, "config file 'nowhere.yaml' is neither"),
-    ({"benchmarks": {"npz": {"targets": []}}}, "benchmark npz lists no targets"),
-])
+@pytest.mark.parametrize(
+    "change, expected",
+    [
+        ({"rowz": []}, "unknown key 'rowz' in spec toy: did you mean 'rows'?"),
+        ({"rows": [{"name": "a", "run": "zz"}]}, "row a names an unknown run 'zz'"),
+        ({"claims": [{"claim": "x", "order": ["a", "q"]}]}, "claim 'x' names an unknown row 'q'"),
+        ({"claims": [{"claim": "x", "order": ["a"]}]}, "order needs two or more rows"),
+        ({"claims": [{"claim": "x", "order": ["a:speed", "b"]}]}, "row a has no metric 'speed'"),
+        (
+            {"runs": {"a": {"config": "nowhere.yaml"}}, "rows": [{"name": "a"}], "claims": []},
+            "config file 'nowhere.yaml' is neither",
+        ),
+        ({"benchmarks": {"npz": {"targets": []}}}, "benchmark npz lists no targets"),
+    ],
+)
 def test_bad_specs_name_the_problem(change, expected):
     with pytest.raises(UserError, match=expected.replace("(", r"\(").replace(")", r"\)").replace("?", r"\?")):
         to_sweep(PaperSpec("toy", {**SPEC, **change}, Path(".")))
 
 
-@pytest.mark.parametrize("args, expected", [
-    (["fad"], "unknown paper 'fad': did you mean 'fada'?"),
-    ([], "give a paper (fada, feddadil, fedod) or --spec FILE, not neither"),
-    (["fada", "--spec", "x.yaml"], "not both"),
-    (["--spec", "/nonexistent/spec.yaml"], "spec file /nonexistent/spec.yaml does not exist"),
-    (["fada", "--seeds", "0,-1"], "--seeds must be an integer of 0 or more, got '-1'"),
-    (["fada", "--seeds", "0,0"], "lists '0' twice"),
-    (["fada", "--resume"], "--resume takes the grid from the directory's reproduce.json: drop PAPER"),
-    (["--resume"], "--resume needs --out DIR"),
-])
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (["fad"], "unknown paper 'fad': did you mean 'fada'?"),
+        ([], "give a paper (fada, feddadil, fedod) or --spec FILE, not neither"),
+        (["fada", "--spec", "x.yaml"], "not both"),
+        (["--spec", "/nonexistent/spec.yaml"], "spec file /nonexistent/spec.yaml does not exist"),
+        (["fada", "--seeds", "0,-1"], "--seeds must be an integer of 0 or more, got '-1'"),
+        (["fada", "--seeds", "0,0"], "lists '0' twice"),
+        (["fada", "--resume"], "--resume takes the grid from the directory's reproduce.json: drop PAPER"),
+        (["--resume"], "--resume needs --out DIR"),
+    ],
+)
 def test_bad_input_one_line_exit_2_nothing_written(args, expected, tmp_path, capsys):
     out = tmp_path / "never"
     code = main(["reproduce", "-q"] + args + ([] if "--resume" in args and "fada" not in args else ["--out", str(out)]))
@@ -139,8 +173,16 @@ def test_bad_input_one_line_exit_2_nothing_written(args, expected, tmp_path, cap
 
 def test_a_bad_trial_config_is_refused_before_anything_is_written(tmp_path, capsys):
     spec = tmp_path / "bad.yaml"
-    spec.write_text(json.dumps({"paper": "bad", "benchmarks": {"digits": {"targets": ["usps"]}},
-                                "runs": {"od": {"set": ["method.name=fedod"]}}, "rows": [{"name": "od"}]}))
+    spec.write_text(
+        json.dumps(
+            {
+                "paper": "bad",
+                "benchmarks": {"digits": {"targets": ["usps"]}},
+                "runs": {"od": {"set": ["method.name=fedod"]}},
+                "rows": [{"name": "od"}],
+            }
+        )
+    )
     assert main(["reproduce", "-q", "--spec", str(spec), "--out", str(tmp_path / "never")]) == 2
     assert "pick a detection benchmark" in capsys.readouterr().err
     assert not (tmp_path / "never").exists()
@@ -161,7 +203,12 @@ def test_fada_quick_end_to_end_then_resume(tmp_path, ray_cluster, capsys):
     raw["set"].append(f"data.cache_dir={tmp_path / 'cache'}")
     raw["benchmarks"] = {"digits": raw["benchmarks"]["digits"]}  # the digits half: TEP's trials add CI time, not paths
     raw["quick"]["targets"] = {"digits": raw["quick"]["targets"]["digits"]}
-    kept = ["fedavg", "fada-I", "fada-II", "fada-III"]  # the ablation's core: the shipped grid's other rows cost CI time
+    kept = [
+        "fedavg",
+        "fada-I",
+        "fada-II",
+        "fada-III",
+    ]  # the ablation's core: the shipped grid's other rows cost CI time
     raw["runs"] = {name: run for name, run in raw["runs"].items() if name in kept}
     raw["rows"] = [row for row in raw["rows"] if row["name"] in kept]
 
@@ -177,7 +224,9 @@ def test_fada_quick_end_to_end_then_resume(tmp_path, ray_cluster, capsys):
     printed = capsys.readouterr().out
     lines = _rows(out / "results.csv")
     assert [ln["row"] for ln in lines] == [row["name"] for row in raw["rows"]]
-    assert {(ln["benchmark"], ln["target_domain"], ln["seed"], ln["status"]) for ln in lines} == {("digits", "usps", "0", "finished")}
+    assert {(ln["benchmark"], ln["target_domain"], ln["seed"], ln["status"]) for ln in lines} == {
+        ("digits", "usps", "0", "finished")
+    }
     for ln in lines:
         assert 0 <= float(ln["target"]) <= 1 and 0 <= float(ln["source"]) <= 1
         summary = json.loads((out / "runs" / ln["trial_id"] / "summary.json").read_text())
@@ -189,7 +238,9 @@ def test_fada_quick_end_to_end_then_resume(tmp_path, ray_cluster, capsys):
     assert table_text in printed
     claims = (out / "claims.md").read_text().splitlines()
     verdicts = [line for line in claims if line.startswith("- ")]
-    assert len(verdicts) == len(raw["claims"]) and all(("**holds**" in v) != ("**does not hold**" in v) for v in verdicts), claims
+    assert len(verdicts) == len(raw["claims"]) and all(
+        ("**holds**" in v) != ("**does not hold**" in v) for v in verdicts
+    ), claims
     assert f"fada-III {float(fada3['target']):.3f}" in verdicts[0]
     for name in ("accuracy-digits.png", "accuracy_per_round-digits.png", "series-attention.png"):
         assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -205,9 +256,21 @@ def test_round_curves_average_the_seeds_and_spread_by_their_sample_std():
     a per-client metric (dil_loss/<client>) is first averaged over the clients of each round."""
     from experiments.reproduce_plots import _by_round
 
-    seeds = [{"round_metrics": [{"round": 1, "dil_loss/0": 10.0, "dil_loss/1": 20.0}, {"round": 2, "dil_loss/0": 4.0, "dil_loss/1": 6.0}]},
-             {"round_metrics": [{"round": 1, "dil_loss/0": 30.0, "dil_loss/1": 40.0}, {"round": 2, "dil_loss/0": 6.0, "dil_loss/1": 8.0}]}]
+    seeds = [
+        {
+            "round_metrics": [
+                {"round": 1, "dil_loss/0": 10.0, "dil_loss/1": 20.0},
+                {"round": 2, "dil_loss/0": 4.0, "dil_loss/1": 6.0},
+            ]
+        },
+        {
+            "round_metrics": [
+                {"round": 1, "dil_loss/0": 30.0, "dil_loss/1": 40.0},
+                {"round": 2, "dil_loss/0": 6.0, "dil_loss/1": 8.0},
+            ]
+        },
+    ]
     rounds, mean, spread = _by_round(seeds, "dil_loss")
     assert rounds == [1, 2] and mean == [25.0, 6.0]
-    assert spread == pytest.approx([2 ** 0.5 * 10, 2 ** 0.5])  # sample std of (15, 35) and (5, 7)
+    assert spread == pytest.approx([2**0.5 * 10, 2**0.5])  # sample std of (15, 35) and (5, 7)
     assert _by_round(seeds[:1], "dil_loss")[2] == [0.0, 0.0]

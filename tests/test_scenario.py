@@ -1,4 +1,5 @@
 """Scenario: sources selection, partitions, and the federated standardization protocol."""
+
 import numpy as np
 import pytest
 
@@ -63,9 +64,9 @@ def test_bad_normalization_name(toy_overrides):
 
 def test_client_host_frees_a_domain_once_its_clients_hold_their_data(toy_overrides):
     """A host keeps one copy of each client's data, not the full domain arrays beside them (memory at 1,000 clients)."""
+    from fedsim.data.normalization import DATA_STATS
     from fedsim.data.scenario import get_benchmark
     from fedsim.messages import Instruction
-    from fedsim.data.normalization import DATA_STATS
     from fedsim.runtime.client_host import ClientHost
 
     config = load_config(None, toy_overrides + ["data.clients_per_domain=2", "data.normalization=federated"])

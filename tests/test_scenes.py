@@ -1,4 +1,5 @@
 """Detection scenes (tiny variant) and the COCO-format loader: determinism, exact boxes, round trip, errors."""
+
 import dataclasses
 import json
 
@@ -71,7 +72,16 @@ def test_max_train_subsets_images_with_their_boxes(tiny, scenes):
 
 
 def test_clients_get_their_boxes_in_client_data_and_the_target_no_training_boxes(tiny, scenes):
-    config = load_config(None, ["method.name=fedod", "data.benchmark=scenes", "data.target=dusk", "data.variant=tiny", f"data.cache_dir={tiny.cache_dir}"])
+    config = load_config(
+        None,
+        [
+            "method.name=fedod",
+            "data.benchmark=scenes",
+            "data.target=dusk",
+            "data.variant=tiny",
+            f"data.cache_dir={tiny.cache_dir}",
+        ],
+    )
     federation = build_federation(config.data)
     assert [c.domain for c in federation.clients] == ["server", "night", "fog", "farm", "dusk"]
     night = load_client_data(config.data, federation, 1)
@@ -81,7 +91,11 @@ def test_clients_get_their_boxes_in_client_data_and_the_target_no_training_boxes
         part = getattr(night, split)
         for (boxes, labels), index in zip(part.targets, part.y):  # each image's own boxes, in the split's order
             expected_boxes, expected_labels = ann.per_image([index])[0]
-            assert boxes.shape[1] == 4 and np.array_equal(boxes, expected_boxes) and np.array_equal(labels, expected_labels)
+            assert (
+                boxes.shape[1] == 4
+                and np.array_equal(boxes, expected_boxes)
+                and np.array_equal(labels, expected_labels)
+            )
     target = load_client_data(config.data, federation, federation.target_ids[0])
     assert target.train.y is None and target.train.targets is None
     assert len(target.test.targets) == len(target.test) > 0
@@ -97,10 +111,16 @@ def test_coco_round_trip_is_exact(tiny, scenes, tmp_path):
         for split in ("train", "test"):
             assert np.array_equal(getattr(loaded, f"{split}_x"), getattr(original, f"{split}_x"))
             a, b = getattr(loaded, f"{split}_annotations"), getattr(original, f"{split}_annotations")
-            assert np.array_equal(a.boxes, b.boxes) and np.array_equal(a.labels, b.labels) and np.array_equal(a.image, b.image)
+            assert (
+                np.array_equal(a.boxes, b.boxes)
+                and np.array_equal(a.labels, b.labels)
+                and np.array_equal(a.image, b.image)
+            )
 
 
-def write_domain(root, name="server", boxes=((10, 10, 20, 30),), labels=(0,), size=(64, 96), count=5, classes=("car", "person")):
+def write_domain(
+    root, name="server", boxes=((10, 10, 20, 30),), labels=(0,), size=(64, 96), count=5, classes=("car", "person")
+):
     rng = np.random.default_rng(0)
     images = rng.integers(0, 255, (count, 3, size[0], size[1]), dtype=np.uint8)
     per_image = [np.array(boxes, np.float32)] + [np.zeros((0, 4), np.float32)] * (count - 1)
@@ -119,7 +139,11 @@ def test_coco_loader_resizes_and_splits(tmp_path):
     benchmark = CocoBenchmark(DataConfig(benchmark="coco", root=str(tmp_path), variant="32"))
     assert benchmark.classes() == ("person", "bus", "car")  # domains in name order (rain, server), ids within a file
     server = benchmark.load("server")
-    assert server.train_x.shape[1:] == (3, 32, 32) and len(server.train_x) + len(server.test_x) == 5 and len(server.test_x) == 1
+    assert (
+        server.train_x.shape[1:] == (3, 32, 32)
+        and len(server.train_x) + len(server.test_x) == 5
+        and len(server.test_x) == 1
+    )
     everything = np.concatenate([server.train_annotations.boxes, server.test_annotations.boxes])
     np.testing.assert_allclose(everything, [[10 / 3, 5, 20 / 3, 15]], rtol=1e-6)  # 96 x 64 -> 32 x 32
     assert np.concatenate([server.train_annotations.labels, server.test_annotations.labels]).tolist() == [2]

@@ -1,5 +1,6 @@
 """`fedsim sweep`: the grid, trial resources, bad input (one line, nothing written), and a real
 Tune sweep on the toy federation that is interrupted and resumed."""
+
 import csv
 import json
 import os
@@ -30,9 +31,23 @@ def _spec(argv):
 
 
 def test_grid_from_flags_and_set_lists(toy_overrides):
-    spec = _spec(["--methods", "fedavg,fedprox", "--local-epochs", "1,5", "--seeds", "0,1",
-                  "--set", "method.lr=0.01,0.1", "--set", "method.batch_size=8", "--cpus-per-client", "0.5"]
-                 + _flags(toy_overrides, drop=("method.lr", "method.batch_size")))
+    spec = _spec(
+        [
+            "--methods",
+            "fedavg,fedprox",
+            "--local-epochs",
+            "1,5",
+            "--seeds",
+            "0,1",
+            "--set",
+            "method.lr=0.01,0.1",
+            "--set",
+            "method.batch_size=8",
+            "--cpus-per-client",
+            "0.5",
+        ]
+        + _flags(toy_overrides, drop=("method.lr", "method.batch_size"))
+    )
     assert list(spec.axes) == ["method.name", "method.local_epochs", "run.seed", "method.lr"]
     assert spec.axes["method.lr"] == [0.01, 0.1]
     assert "method.batch_size=8" in spec.overrides and "resources.cpus_per_client=0.5" in spec.overrides
@@ -58,16 +73,20 @@ def test_a_methods_own_parameter_applies_to_its_trials_only(toy_overrides, tmp_p
     # a YAML file for fedprox (with its mu): adding fedavg to the sweep is one word in --methods
     yaml_file = tmp_path / "fedprox.yaml"
     yaml_file.write_text("method:\n  name: fedprox\n  mu: 0.3\n  lr: 0.02\n")
-    spec = _spec(["--config", str(yaml_file), "--methods", "fedavg,fedprox"] + _flags(toy_overrides, drop=("method.lr",)))
+    spec = _spec(
+        ["--config", str(yaml_file), "--methods", "fedavg,fedprox"] + _flags(toy_overrides, drop=("method.lr",))
+    )
     configs = {p["method.name"]: spec.config_for(p) for p in spec.points()}
-    assert configs["fedprox"].method.params.mu == 0.3 and configs["fedavg"].method.lr == configs["fedprox"].method.lr == 0.02
+    assert (
+        configs["fedprox"].method.params.mu == 0.3
+        and configs["fedavg"].method.lr == configs["fedprox"].method.lr == 0.02
+    )
     spec = _spec(["--config", str(yaml_file)] + _flags(toy_overrides, drop=("method.lr",)))
     assert spec.axes["method.name"] == ["fedprox"]
 
 
 BAD_SWEEPS = [
-    (["--methods", "fedavg,fedprox", "--set", "method.mu=0.1"],
-     "unknown config key 'method.mu' for method 'fedavg'"),
+    (["--methods", "fedavg,fedprox", "--set", "method.mu=0.1"], "unknown config key 'method.mu' for method 'fedavg'"),
     (["--set", "fedprx.mu=0.1"], "unknown config section or method 'fedprx'"),
     (["--methods", "fedavg,fedprox", "--set", "fedprox.mu=0.1,0.2"], "takes one value"),
     (["--methods", "fedavg,fedavgg"], "unknown method 'fedavgg': did you mean 'fedavg'?"),
@@ -118,7 +137,11 @@ def test_trial_plan_fits_the_cluster(toy_overrides):
     gpu = load_config(None, toy_overrides + ["resources.cpus_per_client=1", "resources.gpus_per_client=0.25"])
     assert plan_trial(gpu, 8, {"CPU": 16.0, "GPU": 1.0}) == TrialPlan(4, 1.0, 0.25)  # 4 actors share one GPU
     assert plan_trial(gpu, 8, {"CPU": 16.0}) == TrialPlan(8, 1.0, 0.0)  # no GPU in the cluster: CPU bundles
-    assert TrialPlan(2, 1.0, 0.25).bundles() == [{"CPU": TRIAL_CPUS}, {"CPU": 1.0, "GPU": 0.25}, {"CPU": 1.0, "GPU": 0.25}]
+    assert TrialPlan(2, 1.0, 0.25).bundles() == [
+        {"CPU": TRIAL_CPUS},
+        {"CPU": 1.0, "GPU": 0.25},
+        {"CPU": 1.0, "GPU": 0.25},
+    ]
     big = load_config(None, toy_overrides + ["resources.cpus_per_client=4"])
     with pytest.raises(UserError, match="lower --cpus-per-client"):
         plan_trial(big, 3, {"CPU": 2.0})
@@ -128,7 +151,9 @@ def test_trial_resources_is_a_placement_group_factory():
     from ray import tune
 
     point = {"method.name": "fedavg", "method.local_epochs": 1, "run.seed": 0}
-    factory = TrialResources({point_key(point): TrialPlan(2, 0.5, 0.25)})({"config_file": None, "overrides": [], **point})
+    factory = TrialResources({point_key(point): TrialPlan(2, 0.5, 0.25)})(
+        {"config_file": None, "overrides": [], **point}
+    )
     assert isinstance(factory, tune.PlacementGroupFactory)
     assert factory.bundles == [{"CPU": TRIAL_CPUS}, {"CPU": 0.5, "GPU": 0.25}, {"CPU": 0.5, "GPU": 0.25}]
     assert factory.required_resources == {"CPU": TRIAL_CPUS + 1.0, "GPU": 0.5}
@@ -140,8 +165,18 @@ def test_tune_report_flattens_rounds_and_keeps_totals():
     callback.on_run_start(None)
     for rnd in (1, 2):
         placement = {"client_nodes": ["b", "a", "b"]} if rnd == 1 else {}  # the first round records where clients run
-        callback.on_round_end(None, {"round": rnd, "train_loss": {"0": 0.5}, "source_accuracy": {"usps": 0.9},
-                                     "target_accuracy": 0.7, "bytes_sent": 10, "bytes_received": 4, **placement})
+        callback.on_round_end(
+            None,
+            {
+                "round": rnd,
+                "train_loss": {"0": 0.5},
+                "source_accuracy": {"usps": 0.9},
+                "target_accuracy": 0.7,
+                "bytes_sent": 10,
+                "bytes_received": 4,
+                **placement,
+            },
+        )
     assert rows[1]["source_accuracy/usps"] == 0.9 and rows[1]["train_loss/0"] == 0.5
     assert (rows[0]["bytes_sent_total"], rows[1]["bytes_sent_total"], rows[1]["bytes_received_total"]) == (10, 20, 8)
     assert rows[1]["client_nodes"] == "a,b"
@@ -159,8 +194,18 @@ def test_sweep_interrupted_then_resumed(toy_overrides, tmp_path, ray_cluster, ca
     --resume finishes it without running the first again. The second trial runs 40 rounds, so it is still
     running when the stop arrives however fast its actors start."""
     out = tmp_path / "sweep"
-    args = ["sweep", "-q", "--out", str(out), "--set", "run.rounds=2,40", "--cpus-per-client", "1",
-            "--set", "ray.max_actors=1"] + _flags(toy_overrides, drop=("run.rounds",))
+    args = [
+        "sweep",
+        "-q",
+        "--out",
+        str(out),
+        "--set",
+        "run.rounds=2,40",
+        "--cpus-per-client",
+        "1",
+        "--set",
+        "ray.max_actors=1",
+    ] + _flags(toy_overrides, drop=("run.rounds",))
     stop = threading.Event()
 
     def interrupt_after_first_trial():
@@ -182,7 +227,10 @@ def test_sweep_interrupted_then_resumed(toy_overrides, tmp_path, ray_cluster, ca
     err = capsys.readouterr().err
     assert f"continue with 'fedsim sweep --resume --out {out}'" in err
     first = _rows(out / "results.csv")
-    assert [r["status"] for r in first] == ["finished", "interrupted"] or [r["status"] for r in first] == ["finished", "pending"]
+    assert [r["status"] for r in first] == ["finished", "interrupted"] or [r["status"] for r in first] == [
+        "finished",
+        "pending",
+    ]
     finished_before = {r["trial_id"]: r for r in first if r["status"] == "finished"}
 
     assert main(["sweep", "-q", "--resume", "--out", str(out)]) == 0
@@ -197,7 +245,8 @@ def test_sweep_interrupted_then_resumed(toy_overrides, tmp_path, ray_cluster, ca
             assert row["wall_seconds"] == finished_before[row["trial_id"]]["wall_seconds"]
     rounds = _rows(out / "rounds.csv")
     assert sorted((r["trial_id"], r["round"]) for r in rounds) == sorted(
-        (r["trial_id"], str(k)) for r in rows for k in range(1, int(r["rounds"]) + 1))
+        (r["trial_id"], str(k)) for r in rows for k in range(1, int(r["rounds"]) + 1)
+    )
     report = (out / "report.md").read_text()
     assert "| method | local_epochs | run.rounds | seeds | target accuracy" in report
     for name in ("accuracy_per_round.png", "accuracy_vs_local_epochs.png", "accuracy_vs_bytes.png"):
@@ -210,8 +259,14 @@ def test_sweep_interrupted_then_resumed(toy_overrides, tmp_path, ray_cluster, ca
 
 
 def test_summary_row_carries_every_number_of_the_summary():
-    summary = {"rounds": 3, "target_accuracy": 0.5, "source_accuracy": {"a": 0.25, "b": 0.75}, "backend": "ray",
-               "final_detection": {"wg": {"A_com": 0.3, "clients": {"1": {"s": 0.1}}}}, "bytes_sent": 10}
+    summary = {
+        "rounds": 3,
+        "target_accuracy": 0.5,
+        "source_accuracy": {"a": 0.25, "b": 0.75},
+        "backend": "ray",
+        "final_detection": {"wg": {"A_com": 0.3, "clients": {"1": {"s": 0.1}}}},
+        "bytes_sent": 10,
+    }
     row = summary_row(summary, "n1")
     assert row["summary/final_detection/wg/A_com"] == 0.3 and row["summary/final_detection/wg/clients/1/s"] == 0.1
     assert row["summary/source_accuracy/b"] == 0.75 and row["summary/mean_source_accuracy"] == 0.5

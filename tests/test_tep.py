@@ -1,4 +1,5 @@
 """TEP benchmark: simulation mechanics on short runs, caching, splits, variants, sources."""
+
 from __future__ import annotations
 
 import copy
@@ -115,21 +116,34 @@ def test_benchmark_split_cache_and_subsample(tmp_path, short_runs, monkeypatch):
     cached = tep.TEPBenchmark(config).load("mode1")
     for field in ("train_x", "train_y", "test_x", "test_y"):
         assert np.array_equal(getattr(cached, field), getattr(dom, field))
-    small = tep.TEPBenchmark(TEPConfig(cache_dir=str(tmp_path), samples_per_class=10, max_train_per_domain=12)).load("mode1")
+    small = tep.TEPBenchmark(TEPConfig(cache_dir=str(tmp_path), samples_per_class=10, max_train_per_domain=12)).load(
+        "mode1"
+    )
     assert small.train_x.shape == (12, 53) and np.array_equal(np.bincount(small.train_y), [2] * 6)
     # Every setting that changes the data changes the cache key.
     names = {
         tep.TEPBenchmark(c).cache_name("mode1")
-        for c in (config, TEPConfig(cache_dir=str(tmp_path), samples_per_class=11),
-                  TEPConfig(cache_dir=str(tmp_path), samples_per_class=10, seed=1),
-                  TEPConfig(cache_dir=str(tmp_path), samples_per_class=10, variant="hard"))
+        for c in (
+            config,
+            TEPConfig(cache_dir=str(tmp_path), samples_per_class=11),
+            TEPConfig(cache_dir=str(tmp_path), samples_per_class=10, seed=1),
+            TEPConfig(cache_dir=str(tmp_path), samples_per_class=10, variant="hard"),
+        )
     }
     assert len(names) == 4
 
 
 def test_variants_and_settings_errors(tmp_path):
     assert tep.TEPBenchmark(TEPConfig(variant="hard")).classes == (
-        "normal", "idv_01", "idv_02", "idv_04", "idv_07", "idv_13", "idv_08", "idv_17")
+        "normal",
+        "idv_01",
+        "idv_02",
+        "idv_04",
+        "idv_07",
+        "idv_13",
+        "idv_08",
+        "idv_17",
+    )
     assert tep.TEPBenchmark(DataConfig(benchmark="tep")).classes == tep.VARIANTS["default"]  # fields absent: defaults
     with pytest.raises(UserError, match="variant"):
         tep.TEPBenchmark(TEPConfig(variant="harder")).classes
@@ -143,18 +157,33 @@ def test_sources_pick_the_source_modes(tmp_path, short_runs):
     from fedsim.config import DataConfig
     from fedsim.data.scenario import build_federation
 
-    config = DataConfig(benchmark="tep", cache_dir=str(tmp_path), samples_per_class=4, target="mode2", sources=("mode1", "mode3"))
+    config = DataConfig(
+        benchmark="tep", cache_dir=str(tmp_path), samples_per_class=4, target="mode2", sources=("mode1", "mode3")
+    )
     assert tep.TEPBenchmark(config).domains() == list(tep.MODES)
     federation = build_federation(config)
-    assert [(c.domain, c.role) for c in federation.clients] == [("mode1", "source"), ("mode2", "target"), ("mode3", "source")]
+    assert [(c.domain, c.role) for c in federation.clients] == [
+        ("mode1", "source"),
+        ("mode2", "target"),
+        ("mode3", "source"),
+    ]
     assert federation.num_classes == 6 and federation.input_shape == (53,)
     with pytest.raises(UserError, match="mode9"):
-        build_federation(DataConfig(benchmark="tep", cache_dir=str(tmp_path), samples_per_class=4, target="mode2", sources=("mode1", "mode9")))
+        build_federation(
+            DataConfig(
+                benchmark="tep",
+                cache_dir=str(tmp_path),
+                samples_per_class=4,
+                target="mode2",
+                sources=("mode1", "mode9"),
+            )
+        )
 
 
 def test_description_is_the_docstring_first_line():
     assert tep.TEPBenchmark.description() == (
-        "Tennessee Eastman process (tep-studio): six operating modes, normal + faults, 53 raw features")
+        "Tennessee Eastman process (tep-studio): six operating modes, normal + faults, 53 raw features"
+    )
 
 
 def test_feature_names():

@@ -16,6 +16,7 @@ that are not OT. On the idle machine before the change: 13.7 s a round under cPr
 
     python -m experiments.benchmarks.feddadil_ot [--benchmark tep --target mode2 --rounds 3]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -39,9 +40,8 @@ def main() -> None:
 
     from fedsim.api import run_experiment
     from fedsim.config import load_config
-    from fedsim.ot import wasserstein  # the module whose POT calls are timed
-
     from fedsim.methods.common import dictionary
+    from fedsim.ot import wasserstein  # the module whose POT calls are timed
 
     spent = {"seconds": 0.0, "calls": 0, "drift": 0.0}
 
@@ -53,9 +53,19 @@ def main() -> None:
         setattr(dictionary, name, timed(getattr(dictionary, name), spent, "drift"))
     config = load_config(
         None,
-        [f"data.benchmark={args.benchmark}", f"data.target={args.target}", "method.name=feddadil", f"run.rounds={args.rounds}",
-         "method.batch_size=200", "method.local_epochs=5",
-         f"run.eval_every={args.rounds + 1}", "run.backend=local", "run.progress=false", "run.tensorboard=false", "run.checkpoint_every=0"]
+        [
+            f"data.benchmark={args.benchmark}",
+            f"data.target={args.target}",
+            "method.name=feddadil",
+            f"run.rounds={args.rounds}",
+            "method.batch_size=200",
+            "method.local_epochs=5",
+            f"run.eval_every={args.rounds + 1}",
+            "run.backend=local",
+            "run.progress=false",
+            "run.tensorboard=false",
+            "run.checkpoint_every=0",
+        ]
         + args.set,
     )
     from fedsim.runtime.callbacks import Callback
@@ -64,8 +74,16 @@ def main() -> None:
 
     class Ledger(Callback):
         def on_round_end(self, simulator, metrics):
-            per_round.append((metrics["round"], metrics.get("stage"), metrics["round_seconds"], spent["seconds"], spent["calls"],
-                              spent["drift"]))
+            per_round.append(
+                (
+                    metrics["round"],
+                    metrics.get("stage"),
+                    metrics["round_seconds"],
+                    spent["seconds"],
+                    spent["calls"],
+                    spent["drift"],
+                )
+            )
             spent["seconds"], spent["calls"], spent["drift"] = 0.0, 0, 0.0
 
     run_experiment(config, callbacks=[Ledger()])
@@ -78,17 +96,24 @@ def report(args, per_round: list) -> None:
     print(f"{'round':>5s} {'stage':>10s} {'round s':>8s} {'OT s':>7s} {'calls':>6s} {'share':>6s} {'drift s':>8s}")
     for rnd, stage, seconds, pot, calls, drift in per_round:
         note = "  (includes DaDiL-R/E evaluation)" if rnd == len(per_round) else ""
-        print(f"{rnd:5d} {str(stage):>10s} {seconds:8.2f} {pot:7.2f} {calls:6d} {100 * pot / seconds:5.1f}% {drift:8.2f}{note}")
+        print(
+            f"{rnd:5d} {str(stage):>10s} {seconds:8.2f} {pot:7.2f} {calls:6d} {100 * pot / seconds:5.1f}% {drift:8.2f}{note}"
+        )
     train = [r for r in per_round[:-1] if r[1] == "dictionary"]
     if train:
         share = sum(r[3] for r in train) / sum(r[2] for r in train)
-        print(f"dictionary rounds without evaluation: {100 * share:.1f} % of the time inside OT calls (POT and linear_sum_assignment)")
+        print(
+            f"dictionary rounds without evaluation: {100 * share:.1f} % of the time inside OT calls (POT and linear_sum_assignment)"
+        )
         drift = sum(r[5] for r in train) / sum(r[2] for r in train)
-        print(f"of which the drift metrics (atom_drift, atom_dispersion; their OT calls included): {100 * drift:.1f} % of the time")
+        print(
+            f"of which the drift metrics (atom_drift, atom_dispersion; their OT calls included): {100 * drift:.1f} % of the time"
+        )
 
 
 def timed(function, spent: dict, seconds_key: str, calls_key: str = ""):
     """``function`` with its wall time added to ``spent[seconds_key]`` (and its calls counted in ``spent[calls_key]``)."""
+
     @functools.wraps(function)
     def wrapper(*a, **k):
         started = time.perf_counter()

@@ -1,4 +1,5 @@
 """Helpers for the benchmark scripts: resident memory of a process tree, machine description."""
+
 from __future__ import annotations
 
 import os
@@ -42,7 +43,11 @@ def tree_breakdown(root_pid: int | None = None) -> list[tuple[str, int]]:
     for proc in [root] + root.children(recursive=True):
         try:
             cmd = proc.cmdline()
-            name = proc.name() if proc.name().startswith("ray::") else os.path.basename(cmd[-1] if len(cmd) > 1 else cmd[0] if cmd else proc.name())
+            name = (
+                proc.name()
+                if proc.name().startswith("ray::")
+                else os.path.basename(cmd[-1] if len(cmd) > 1 else cmd[0] if cmd else proc.name())
+            )
             if proc.pid == root.pid:
                 name = "driver"
             rows.append((name[:40], proc.memory_info().rss))
@@ -73,7 +78,11 @@ def smaps_rollup(pid: int) -> dict[str, int]:
             parts = line.split()
             if len(parts) == 3 and parts[2] == "kB":
                 values[parts[0].rstrip(":")] = int(parts[1]) * 1024
-    return {"rss": values.get("Rss", 0), "pss": values.get("Pss", 0), "uss": values.get("Private_Clean", 0) + values.get("Private_Dirty", 0)}
+    return {
+        "rss": values.get("Rss", 0),
+        "pss": values.get("Pss", 0),
+        "uss": values.get("Private_Clean", 0) + values.get("Private_Dirty", 0),
+    }
 
 
 def process_role(proc: psutil.Process, driver_pid: int) -> str:
@@ -84,8 +93,10 @@ def process_role(proc: psutil.Process, driver_pid: int) -> str:
     cmd = proc.cmdline() or [name]
     title = cmd[0] if cmd else name
     if title.startswith("ray::"):
-        role = title.split()[0][len("ray::"):].split(".")[0]
-        return {"IDLE": "idle worker", "DashboardAgent": "dashboard agent", "RuntimeEnvAgent": "runtime env agent"}.get(role, f"actor {role}")
+        role = title.split()[0][len("ray::") :].split(".")[0]
+        return {"IDLE": "idle worker", "DashboardAgent": "dashboard agent", "RuntimeEnvAgent": "runtime env agent"}.get(
+            role, f"actor {role}"
+        )
     if any(c.endswith("default_worker.py") for c in cmd):
         return "worker (starting)"
     for role, matches in RAY_DAEMONS:
@@ -130,13 +141,22 @@ def process_table(driver_pid: int | None = None, cluster_port: int = 0) -> list[
     driver = psutil.Process(driver_pid or os.getpid())
     procs = {p.pid: p for p in [driver] + driver.children(recursive=True)}
     if cluster_port:
-        procs.update({pid: psutil.Process(pid) for pid in cluster_pids(cluster_port) - set(procs) if psutil.pid_exists(pid)})
+        procs.update(
+            {pid: psutil.Process(pid) for pid in cluster_pids(cluster_port) - set(procs) if psutil.pid_exists(pid)}
+        )
     rows = []
     for proc in procs.values():
         try:
             cpu = proc.cpu_times()
-            rows.append({"pid": proc.pid, "role": process_role(proc, driver.pid), **smaps_rollup(proc.pid),
-                         "started_s": proc.create_time() - driver.create_time(), "cpu_s": cpu.user + cpu.system})
+            rows.append(
+                {
+                    "pid": proc.pid,
+                    "role": process_role(proc, driver.pid),
+                    **smaps_rollup(proc.pid),
+                    "started_s": proc.create_time() - driver.create_time(),
+                    "cpu_s": cpu.user + cpu.system,
+                }
+            )
         except (psutil.NoSuchProcess, psutil.AccessDenied, FileNotFoundError, ProcessLookupError):
             pass
     return sorted(rows, key=lambda r: r["started_s"])
@@ -161,8 +181,16 @@ def median_table(tables: list[list[dict]]) -> list[dict]:
         for row in table:
             seen[row["role"]] = seen.get(row["role"], 0) + 1
             keyed.setdefault((row["role"], seen[row["role"]]), []).append(row)
-    return sorted(({**rows[0], **{k: statistics.median(r[k] for r in rows) for k in ("uss", "pss", "rss", "started_s", "cpu_s")}}
-                   for rows in keyed.values()), key=lambda r: r["started_s"])
+    return sorted(
+        (
+            {
+                **rows[0],
+                **{k: statistics.median(r[k] for r in rows) for k in ("uss", "pss", "rss", "started_s", "cpu_s")},
+            }
+            for rows in keyed.values()
+        ),
+        key=lambda r: r["started_s"],
+    )
 
 
 def ray_processes_rss() -> tuple[int, int]:
@@ -173,7 +201,13 @@ def ray_processes_rss() -> tuple[int, int]:
         if proc.pid in seen:
             continue
         cmd = " ".join(proc.info.get("cmdline") or [])
-        if "ray::" in (proc.info.get("name") or "") or "ray/core/src" in cmd or "raylet" in cmd or "gcs_server" in cmd or "default_worker.py" in cmd:
+        if (
+            "ray::" in (proc.info.get("name") or "")
+            or "ray/core/src" in cmd
+            or "raylet" in cmd
+            or "gcs_server" in cmd
+            or "default_worker.py" in cmd
+        ):
             try:
                 total += proc.memory_info().rss
                 count += 1

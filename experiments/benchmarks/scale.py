@@ -12,6 +12,7 @@ process it started; time per round should not grow with the total.
 Then 1,000 clients for ``--flat-rounds`` rounds: driver RSS, all-process RSS and
 object-store use of rounds 10-40 against the last 30 rounds (memory stays flat).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -69,7 +70,9 @@ def run_flatness(overrides: list[str], rounds: int) -> None:
             if metrics["round"] >= 10:  # every round: the store's usage is a sawtooth, its peaks are what compare
                 samples[metrics["round"]] = (psutil.Process().memory_info().rss, tree_rss_bytes()[0], plasma_mib())
 
-    run_experiment(load_config(None, overrides + [f"run.rounds={rounds}", f"run.eval_every={rounds}"]), callbacks=[Probe()])
+    run_experiment(
+        load_config(None, overrides + [f"run.rounds={rounds}", f"run.eval_every={rounds}"]), callbacks=[Probe()]
+    )
     # Ray frees released objects in batches (a sawtooth): compare the peaks of the first and the last 30 rounds
     first = [v for r, v in samples.items() if r <= 40]
     last = [v for r, v in samples.items() if r > rounds - 30]
@@ -78,7 +81,9 @@ def run_flatness(overrides: list[str], rounds: int) -> None:
     for i, name in enumerate(names):
         early, late = max(v[i] for v in first), max(v[i] for v in last)
         scale = 2**20 if i < 2 else 1.0
-        parts.append(f"{name} {early / scale:.0f} -> {late / scale:.0f} MiB ({100 * (late - early) / max(early, 1e-9):+.1f} %)")
+        parts.append(
+            f"{name} {early / scale:.0f} -> {late / scale:.0f} MiB ({100 * (late - early) / max(early, 1e-9):+.1f} %)"
+        )
     print(f"flat memory, 1000 clients, rounds 10-40 vs {rounds - 29}-{rounds} (peaks): " + "; ".join(parts))
 
 
@@ -99,21 +104,38 @@ def main() -> None:
     try:
         with tempfile.TemporaryDirectory() as root, tempfile.TemporaryDirectory() as cache:
             write_features(root)
+
             def features(size: int) -> list[str]:
                 return [
-                    "data.benchmark=npz", f"data.root={root}", f"data.cache_dir={cache}", "data.target=d3",
-                    f"data.clients_per_domain={size // 4}", "run.clients_per_round=10", "run.progress=false",
-                    "run.tensorboard=false", "run.checkpoint_every=0", "method.batch_size=10",
+                    "data.benchmark=npz",
+                    f"data.root={root}",
+                    f"data.cache_dir={cache}",
+                    "data.target=d3",
+                    f"data.clients_per_domain={size // 4}",
+                    "run.clients_per_round=10",
+                    "run.progress=false",
+                    "run.tensorboard=false",
+                    "run.checkpoint_every=0",
+                    "method.batch_size=10",
                 ]
 
             for size in (int(s) for s in args.sizes.split(",")):
-                run_size(features(size) + [f"run.rounds={args.rounds}", f"run.eval_every={args.rounds}"], f"features, {size} clients")
+                run_size(
+                    features(size) + [f"run.rounds={args.rounds}", f"run.eval_every={args.rounds}"],
+                    f"features, {size} clients",
+                )
             if args.flat_rounds:
                 run_flatness(features(1000), args.flat_rounds)
             if args.digits:
                 overrides = [
-                    f"data.cache_dir={cache}", "data.clients_per_domain=250", "run.clients_per_round=10", f"run.rounds={args.rounds}",
-                    f"run.eval_every={args.rounds}", "run.progress=false", "run.tensorboard=false", "run.checkpoint_every=0",
+                    f"data.cache_dir={cache}",
+                    "data.clients_per_domain=250",
+                    "run.clients_per_round=10",
+                    f"run.rounds={args.rounds}",
+                    f"run.eval_every={args.rounds}",
+                    "run.progress=false",
+                    "run.tensorboard=false",
+                    "run.checkpoint_every=0",
                 ]
                 run_size(overrides, "digits, 1000 clients")
     finally:

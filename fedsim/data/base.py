@@ -4,6 +4,7 @@ A *domain* is one data distribution (a camera, a plant mode, a font set) with a
 deterministic train/test split. A *benchmark* is a named collection of domains
 of the same task (same classes, same input shape).
 """
+
 from __future__ import annotations
 
 from abc import ABC, abstractmethod

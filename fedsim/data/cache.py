@@ -8,6 +8,7 @@ over the zip file, whose timestamps differ between writes), stored in the npz
 itself as ``__sha256__``: one file, replaced atomically, so two processes
 building the same cache at once simply write the same content twice.
 """
+
 from __future__ import annotations
 
 import hashlib

@@ -16,6 +16,7 @@ Detection benchmarks set three class attributes declared on
 :class:`fedsim.data.base.Benchmark`: ``task = "detection"``, ``server_domain`` (the
 domain of the FedOD server's own labeled data) and ``default_target``.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -42,8 +43,16 @@ class Annotations:
         if len(boxes) != len(labels):
             raise ValueError("one box array and one label array per image")
         counts = [len(b) for b in boxes]
-        flat_boxes = np.concatenate([np.asarray(b, np.float32).reshape(-1, 4) for b in boxes]) if boxes else np.zeros((0, 4), np.float32)
-        flat_labels = np.concatenate([np.asarray(lab, np.int64).reshape(-1) for lab in labels]) if labels else np.zeros(0, np.int64)
+        flat_boxes = (
+            np.concatenate([np.asarray(b, np.float32).reshape(-1, 4) for b in boxes])
+            if boxes
+            else np.zeros((0, 4), np.float32)
+        )
+        flat_labels = (
+            np.concatenate([np.asarray(lab, np.int64).reshape(-1) for lab in labels])
+            if labels
+            else np.zeros(0, np.int64)
+        )
         image = np.repeat(np.arange(len(boxes), dtype=np.int64), counts)
         return Annotations(flat_boxes.astype(np.float32), flat_labels.astype(np.int64), image, len(boxes))
 
@@ -56,7 +65,7 @@ class Annotations:
         for i in wanted:
             if not 0 <= i < self.num_images:
                 raise IndexError(f"image index {i} outside 0..{self.num_images - 1}")
-            sel = order[starts[i]:starts[i + 1]]
+            sel = order[starts[i] : starts[i + 1]]
             out.append((self.boxes[sel], self.labels[sel]))
         return out
 
@@ -99,12 +108,18 @@ def check_boxes(boxes: np.ndarray, labels: np.ndarray, height: int, width: int, 
     if len(bad):
         raise UserError(f"{where}: box {boxes[bad[0]].tolist()} has no area (x2 <= x1 or y2 <= y1): fix or drop it")
     tol = 1e-3
-    outside = np.flatnonzero((boxes[:, 0] < -tol) | (boxes[:, 1] < -tol) | (boxes[:, 2] > width + tol) | (boxes[:, 3] > height + tol))
+    outside = np.flatnonzero(
+        (boxes[:, 0] < -tol) | (boxes[:, 1] < -tol) | (boxes[:, 2] > width + tol) | (boxes[:, 3] > height + tol)
+    )
     if len(outside):
-        raise UserError(f"{where}: box {boxes[outside[0]].tolist()} lies outside the {width}x{height} image: clip it to the image")
+        raise UserError(
+            f"{where}: box {boxes[outside[0]].tolist()} lies outside the {width}x{height} image: clip it to the image"
+        )
     labels = np.asarray(labels)
     if len(labels) and (labels.min() < 0 or labels.max() >= num_classes):
-        raise UserError(f"{where}: label {int(labels.max() if labels.max() >= num_classes else labels.min())} outside 0..{num_classes - 1}")
+        raise UserError(
+            f"{where}: label {int(labels.max() if labels.max() >= num_classes else labels.min())} outside 0..{num_classes - 1}"
+        )
 
 
 @dataclass(frozen=True)
@@ -119,17 +134,25 @@ class DetectionDomain(Domain):
         for split in ("train", "test"):
             x, y, ann = getattr(self, f"{split}_x"), getattr(self, f"{split}_y"), getattr(self, f"{split}_annotations")
             if len(x) != len(y) or ann.num_images != len(x):
-                raise ValueError(f"{self.name}/{split}: {len(x)} images, {len(y)} indices, {ann.num_images} annotated images")
+                raise ValueError(
+                    f"{self.name}/{split}: {len(x)} images, {len(y)} indices, {ann.num_images} annotated images"
+                )
             if not np.array_equal(y, np.arange(len(x))):
                 raise ValueError(f"{self.name}/{split}: y must be the image indices 0..N-1")
         if len(self.class_names) != self.num_classes:
             raise ValueError("one class name per class")
 
-
     @classmethod
     def from_uint8(
-        cls, name: str, train_x: np.ndarray, train: Annotations, test_x: np.ndarray, test: Annotations,
-        class_names: tuple[str, ...], subsample_limit=None, subsample_rng=None,
+        cls,
+        name: str,
+        train_x: np.ndarray,
+        train: Annotations,
+        test_x: np.ndarray,
+        test: Annotations,
+        class_names: tuple[str, ...],
+        subsample_limit=None,
+        subsample_rng=None,
     ) -> "DetectionDomain":
         """A domain from cached uint8 images, the training part optionally subsampled to ``subsample_limit``."""
         if subsample_limit is not None and subsample_limit < len(train_x):

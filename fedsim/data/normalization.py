@@ -15,6 +15,7 @@ honest baseline on process data such as TEP, where the operating modes differ mo
 by offsets and scales. Features with (near) zero spread are only centered (their std
 is reported as 1), so constant columns never produce NaN or huge values.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -43,8 +44,11 @@ class FeatureStats:
         missing = [k for k in STAT_KEYS if k not in tensors]
         if missing:
             raise ValueError(f"feature statistics lack {missing}")
-        return cls(int(np.asarray(tensors["count"])), np.asarray(tensors["sum"], np.float64),
-                   np.asarray(tensors["sum_sq"], np.float64))
+        return cls(
+            int(np.asarray(tensors["count"])),
+            np.asarray(tensors["sum"], np.float64),
+            np.asarray(tensors["sum_sq"], np.float64),
+        )
 
 
 def _as_matrix(x: np.ndarray) -> np.ndarray:
@@ -70,9 +74,7 @@ def combine_stats(stats: Iterable[FeatureStats]) -> FeatureStats:
         if s.sum.shape != shape or s.sum_sq.shape != shape:
             raise ValueError(f"feature statistics of different sizes: {shape} and {s.sum.shape}")
     return FeatureStats(
-        sum(s.count for s in stats),
-        np.sum([s.sum for s in stats], axis=0),
-        np.sum([s.sum_sq for s in stats], axis=0),
+        sum(s.count for s in stats), np.sum([s.sum for s in stats], axis=0), np.sum([s.sum_sq for s in stats], axis=0)
     )
 
 
@@ -116,7 +118,9 @@ def per_domain_standardize(train_x: np.ndarray, *others: np.ndarray) -> tuple[np
 NORMALIZATIONS = ("none", "federated", "per-domain")
 
 
-def normalize_domains(domains: Mapping[str, tuple[np.ndarray, np.ndarray]], how: str) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+def normalize_domains(
+    domains: Mapping[str, tuple[np.ndarray, np.ndarray]], how: str
+) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """Apply one normalization to ``{domain: (train_x, test_x)}``.
 
     ``federated``: one mean/std from the sum of every domain's train statistics;

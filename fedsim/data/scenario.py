@@ -8,6 +8,7 @@ a domain's accuracy is the pooled accuracy over its clients.
 ``build_federation`` returns only descriptions (sizes, roles); the arrays are
 built by ``load_client_data`` in whatever process hosts the client.
 """
+
 from __future__ import annotations
 
 import functools
@@ -78,7 +79,9 @@ def forget_domain_data(data_config, domain: str | None = None) -> None:
     get_benchmark(data_config).forget(domain)
 
 
-def _partition(labels: np.ndarray, num_clients: int, data_config, domain: str, part: str, skew: bool) -> list[np.ndarray]:
+def _partition(
+    labels: np.ndarray, num_clients: int, data_config, domain: str, part: str, skew: bool
+) -> list[np.ndarray]:
     rng = numpy_rng(data_config.seed, domain, part, "partition")
     if num_clients == 1:
         return [np.arange(len(labels))]
@@ -109,14 +112,27 @@ def build_federation(data_config) -> Federation:
     benchmark = get_benchmark(data_config)
     domains = tuple(benchmark.domains())
     if data_config.target not in domains:
-        raise UserError(unknown_name_message(f"target domain of benchmark {data_config.benchmark!r}", data_config.target, list(domains), "--target"))
+        raise UserError(
+            unknown_name_message(
+                f"target domain of benchmark {data_config.benchmark!r}", data_config.target, list(domains), "--target"
+            )
+        )
     for source in data_config.sources:
         if source not in domains:
-            raise UserError(unknown_name_message(f"source domain of benchmark {data_config.benchmark!r}", source, list(domains), "--set data.sources=a,b"))
+            raise UserError(
+                unknown_name_message(
+                    f"source domain of benchmark {data_config.benchmark!r}",
+                    source,
+                    list(domains),
+                    "--set data.sources=a,b",
+                )
+            )
     if data_config.sources:
         domains = tuple(d for d in domains if d == data_config.target or d in data_config.sources)
     if len(domains) < 2:
-        raise UserError(f"benchmark {data_config.benchmark!r} has only {len(domains)} domain(s): a source and a target are needed")
+        raise UserError(
+            f"benchmark {data_config.benchmark!r} has only {len(domains)} domain(s): a source and a target are needed"
+        )
     clients = []
     shape, classes = None, 0
     for domain in domains:

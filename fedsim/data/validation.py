@@ -1,4 +1,5 @@
 """Checks shared by the loaders of user files: one clear message naming the file, the key and the fix."""
+
 from __future__ import annotations
 
 from pathlib import Path

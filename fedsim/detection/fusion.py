@@ -20,6 +20,7 @@ output dicts; they are normalized to [0, 1] for ensemble-boxes and scaled back.
 ensemble-boxes prints and calls ``exit()`` on some bad inputs and silently clips others;
 this wrapper checks first and raises ``ValueError`` instead.
 """
+
 from __future__ import annotations
 
 from typing import Mapping, Optional, Sequence, Union
@@ -52,7 +53,9 @@ def as_detections(output: Union[Mapping, Sequence]) -> Detections:
     scores = arrays[1].astype(np.float64).reshape(-1)
     labels = arrays[2].reshape(-1)
     if len(boxes) != len(scores) or len(boxes) != len(labels):
-        raise ValueError(f"{len(boxes)} boxes, {len(scores)} scores and {len(labels)} labels: give one score and one label per box")
+        raise ValueError(
+            f"{len(boxes)} boxes, {len(scores)} scores and {len(labels)} labels: give one score and one label per box"
+        )
     if len(labels) and not np.all(np.equal(np.mod(labels, 1), 0)):
         raise ValueError("labels must be integers")
     return boxes, scores, labels.astype(np.int64)
@@ -67,7 +70,11 @@ def _check(dets: Detections, height: float, width: float, model: int, tolerance:
     if len(boxes):
         if np.any(boxes[:, 2] < boxes[:, 0]) or np.any(boxes[:, 3] < boxes[:, 1]):
             raise ValueError(f"model {model}: a box has x2 < x1 or y2 < y1 (boxes are x1, y1, x2, y2)")
-        if boxes.min() < -tolerance or np.any(boxes[:, [0, 2]] > width + tolerance) or np.any(boxes[:, [1, 3]] > height + tolerance):
+        if (
+            boxes.min() < -tolerance
+            or np.any(boxes[:, [0, 2]] > width + tolerance)
+            or np.any(boxes[:, [1, 3]] > height + tolerance)
+        ):
             raise ValueError(f"model {model}: a box lies outside the {width:g} x {height:g} image")
 
 
@@ -100,7 +107,7 @@ def _soft_nms(boxes: list, scores: list, labels: list, weights: list[float], sig
             out_labels.append(label)
             rest = np.flatnonzero(alive)
             if len(rest):
-                s[rest] *= np.exp(-_iou(b[best], b[rest]) ** 2 / sigma)
+                s[rest] *= np.exp(-(_iou(b[best], b[rest]) ** 2) / sigma)
                 alive[rest[s[rest] < threshold]] = False
     if not out_boxes:
         return np.zeros((0, 4)), np.zeros(0), np.zeros(0)
@@ -121,7 +128,7 @@ def fuse(
 
     Returns ``(boxes, scores, labels)`` in pixels, sorted by decreasing score.
     """
-    from ensemble_boxes import non_maximum_weighted, nms, weighted_boxes_fusion
+    from ensemble_boxes import nms, non_maximum_weighted, weighted_boxes_fusion
 
     if method not in METHODS:
         raise ValueError(f"unknown fusion method {method!r}: choose one of {', '.join(METHODS)}")
@@ -147,14 +154,18 @@ def fuse(
     for i, dets in enumerate(parsed):
         _check(dets, height, width, i)
     scale = np.array([width, height, width, height])
-    keep = [(b[:, 2] > b[:, 0]) & (b[:, 3] > b[:, 1]) for b, _, _ in parsed]  # ensemble-boxes drops zero-area boxes anyway
+    keep = [
+        (b[:, 2] > b[:, 0]) & (b[:, 3] > b[:, 1]) for b, _, _ in parsed
+    ]  # ensemble-boxes drops zero-area boxes anyway
     boxes = [np.clip(b[k] / scale, 0.0, 1.0) for (b, _, _), k in zip(parsed, keep)]
     scores = [np.clip(s[k], 0.0, 1.0) for (_, s, _), k in zip(parsed, keep)]
     labels = [lab[k] for (_, _, lab), k in zip(parsed, keep)]
     if sum(len(b) for b in boxes) == 0:
         return np.zeros((0, 4)), np.zeros(0), np.zeros(0, np.int64)
     if method == "wbf":
-        out = weighted_boxes_fusion(boxes, scores, labels, weights=weights, iou_thr=iou_thr, skip_box_thr=skip_box_thr, conf_type=conf_type)
+        out = weighted_boxes_fusion(
+            boxes, scores, labels, weights=weights, iou_thr=iou_thr, skip_box_thr=skip_box_thr, conf_type=conf_type
+        )
     elif method == "nmw":
         out = non_maximum_weighted(boxes, scores, labels, weights=weights, iou_thr=iou_thr, skip_box_thr=skip_box_thr)
     elif method == "nms":
@@ -166,4 +177,8 @@ def fuse(
     if len(fused_boxes) == 0:
         return np.zeros((0, 4)), np.zeros(0), np.zeros(0, np.int64)
     order = np.argsort(-fused_scores, kind="stable")
-    return fused_boxes[order].reshape(-1, 4) * scale, fused_scores[order].astype(np.float64), np.rint(fused_labels[order]).astype(np.int64)
+    return (
+        fused_boxes[order].reshape(-1, 4) * scale,
+        fused_scores[order].astype(np.float64),
+        np.rint(fused_labels[order]).astype(np.int64),
+    )

@@ -26,6 +26,7 @@ the server's test set (A_s) against its own test set (A_p)::
 
     A_com(alpha) = alpha * A_s + (1 - alpha) * A_p,   alpha = 0.3 by default.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -52,12 +53,16 @@ def comprehensive(a_s: float, a_p: float, alpha: float = 0.3) -> float:
 
 def _check_inputs(ground_truth: GroundTruth, detections: Detections, num_classes: int) -> None:
     if len(ground_truth) != len(detections):
-        raise ValueError(f"{len(ground_truth)} ground-truth images but {len(detections)} detection lists: give one per image")
+        raise ValueError(
+            f"{len(ground_truth)} ground-truth images but {len(detections)} detection lists: give one per image"
+        )
     for i, (boxes, labels) in enumerate(ground_truth):
         boxes = np.asarray(boxes, dtype=np.float64).reshape(-1, 4) if np.size(boxes) else np.zeros((0, 4))
         if len(boxes) != len(labels):
             raise ValueError(f"image {i}: {len(boxes)} boxes but {len(labels)} labels")
-        if len(boxes) and (np.any(boxes[:, 2] <= boxes[:, 0]) or np.any(boxes[:, 3] <= boxes[:, 1]) or not np.isfinite(boxes).all()):
+        if len(boxes) and (
+            np.any(boxes[:, 2] <= boxes[:, 0]) or np.any(boxes[:, 3] <= boxes[:, 1]) or not np.isfinite(boxes).all()
+        ):
             raise ValueError(f"image {i}: a ground-truth box is empty or not finite")
         if len(labels) and (np.min(labels) < 0 or np.max(labels) >= num_classes):
             raise ValueError(f"image {i}: a ground-truth label lies outside 0..{num_classes - 1}")
@@ -74,20 +79,38 @@ def _check_inputs(ground_truth: GroundTruth, detections: Detections, num_classes
 def _coco_objects(ground_truth: GroundTruth, detections: Detections, num_classes: int):
     from pycocotools.coco import COCO
 
-    dataset = {"images": [], "annotations": [], "categories": [{"id": k + 1, "name": str(k)} for k in range(num_classes)]}
+    dataset = {
+        "images": [],
+        "annotations": [],
+        "categories": [{"id": k + 1, "name": str(k)} for k in range(num_classes)],
+    }
     results = []
     for i, ((gt_boxes, gt_labels), (boxes, scores, labels)) in enumerate(zip(ground_truth, detections)):
         dataset["images"].append({"id": i + 1})
         for box, label in zip(np.asarray(gt_boxes, np.float64).reshape(-1, 4), gt_labels):
             x1, y1, x2, y2 = (float(v) for v in box)
-            dataset["annotations"].append({
-                "id": len(dataset["annotations"]) + 1, "image_id": i + 1, "category_id": int(label) + 1,
-                "bbox": [x1, y1, x2 - x1, y2 - y1], "area": (x2 - x1) * (y2 - y1), "iscrowd": 0,
-            })
+            dataset["annotations"].append(
+                {
+                    "id": len(dataset["annotations"]) + 1,
+                    "image_id": i + 1,
+                    "category_id": int(label) + 1,
+                    "bbox": [x1, y1, x2 - x1, y2 - y1],
+                    "area": (x2 - x1) * (y2 - y1),
+                    "iscrowd": 0,
+                }
+            )
         for box, score, label in zip(np.asarray(boxes, np.float64).reshape(-1, 4), scores, labels):
             x1, y1, x2, y2 = (float(v) for v in box)
-            results.append({"id": len(results) + 1, "image_id": i + 1, "category_id": int(label) + 1,
-                            "bbox": [x1, y1, x2 - x1, y2 - y1], "area": (x2 - x1) * (y2 - y1), "score": float(score)})
+            results.append(
+                {
+                    "id": len(results) + 1,
+                    "image_id": i + 1,
+                    "category_id": int(label) + 1,
+                    "bbox": [x1, y1, x2 - x1, y2 - y1],
+                    "area": (x2 - x1) * (y2 - y1),
+                    "score": float(score),
+                }
+            )
     with contextlib.redirect_stdout(io.StringIO()):
         gt = COCO()
         gt.dataset = dataset
@@ -103,7 +126,7 @@ def _evaluator(ground_truth: GroundTruth, detections: Detections, num_classes: i
 
     gt, dt = _coco_objects(ground_truth, detections, num_classes)
     evaluator = COCOeval(gt, dt, "bbox")
-    evaluator.params.areaRng = [[0, 1e5 ** 2]]  # COCO's "all"
+    evaluator.params.areaRng = [[0, 1e5**2]]  # COCO's "all"
     evaluator.params.areaRngLbl = ["all"]
     evaluator.params.maxDets = [MAX_DETECTIONS]
     with contextlib.redirect_stdout(io.StringIO()):
@@ -116,7 +139,10 @@ def summarize_precision(precision: np.ndarray) -> dict[str, float]:
     p = precision[..., 0, 0]
     valid = p[p > -1]
     valid50 = p[0][p[0] > -1]
-    return {"mAP": float(np.mean(valid)) if valid.size else -1.0, "AP50": float(np.mean(valid50)) if valid50.size else -1.0}
+    return {
+        "mAP": float(np.mean(valid)) if valid.size else -1.0,
+        "AP50": float(np.mean(valid50)) if valid50.size else -1.0,
+    }
 
 
 def coco_map(ground_truth: GroundTruth, detections: Detections, num_classes: int) -> dict[str, float]:
@@ -156,7 +182,7 @@ def match_records(ground_truth: GroundTruth, detections: Detections, num_classes
     gt_count = np.zeros(num_classes, dtype=np.int64)
     num_images = len(evaluator.params.imgIds)
     for k in range(num_classes):  # evalImgs is ordered category, area range (one), image
-        for entry in evaluator.evalImgs[k * num_images:(k + 1) * num_images]:
+        for entry in evaluator.evalImgs[k * num_images : (k + 1) * num_images]:
             if entry is None:
                 continue
             n = len(entry["dtScores"])
@@ -184,7 +210,7 @@ def accumulate(records: Sequence[MatchRecords], num_classes: int) -> dict[str, f
     params = Params(iouType="bbox")
     params.imgIds = list(range(len(records)))  # one pseudo-image per test set: accumulate concatenates in this order
     params.catIds = list(range(1, num_classes + 1))
-    params.areaRng = [[0, 1e5 ** 2]]
+    params.areaRng = [[0, 1e5**2]]
     params.areaRngLbl = ["all"]
     params.maxDets = [max(1, max(len(r.scores) for r in records))]  # per-image truncation happened in match_records
     evaluator = COCOeval(iouType="bbox")
@@ -199,12 +225,14 @@ def accumulate(records: Sequence[MatchRecords], num_classes: int) -> dict[str, f
             if not sel.any() and r.gt_count[k] == 0:
                 entries.append(None)
                 continue
-            entries.append({
-                "dtScores": r.scores[sel].tolist(),
-                "dtMatches": r.matched[:, sel].astype(np.float64),
-                "dtIgnore": r.ignored[:, sel],
-                "gtIgnore": np.zeros(int(r.gt_count[k]), dtype=np.int64),
-            })
+            entries.append(
+                {
+                    "dtScores": r.scores[sel].tolist(),
+                    "dtMatches": r.matched[:, sel].astype(np.float64),
+                    "dtIgnore": r.ignored[:, sel],
+                    "gtIgnore": np.zeros(int(r.gt_count[k]), dtype=np.int64),
+                }
+            )
     evaluator.evalImgs = entries
     with contextlib.redirect_stdout(io.StringIO()):
         evaluator.accumulate()

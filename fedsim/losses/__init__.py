@@ -3,6 +3,7 @@
 Methods that align features (FedDANN, FedMMD, FADA) differ by the loss object
 alone; see :class:`fedsim.losses.domain.DomainLoss` for the interface.
 """
+
 from fedsim.losses.coral import CORALLoss
 from fedsim.losses.dann import DANNLoss, DomainDiscriminator, GradientReversal, GradientReversalLayer, grad_reverse
 from fedsim.losses.domain import DomainLoss, dann_schedule

@@ -4,6 +4,7 @@
 
 with C_S, C_T the (n - 1)-normalized feature covariances of the two batches.
 """
+
 from __future__ import annotations
 
 import torch

@@ -7,6 +7,7 @@ identity forward and ``-lambda * grad`` backward (Eq. 9-10 of the JMLR paper),
 so one backward pass trains D to separate the domains and the encoder to make
 them inseparable.
 """
+
 from __future__ import annotations
 
 import torch
@@ -54,7 +55,9 @@ class DomainDiscriminator(nn.Module):
     def __init__(self, in_features: int, hidden: int = 256, layers: int = 2):
         super().__init__()
         if in_features <= 0 or hidden <= 0 or layers < 0:
-            raise ValueError(f"DomainDiscriminator needs positive sizes, got in_features={in_features}, hidden={hidden}, layers={layers}")
+            raise ValueError(
+                f"DomainDiscriminator needs positive sizes, got in_features={in_features}, hidden={hidden}, layers={layers}"
+            )
         blocks: list[nn.Module] = []
         width = in_features
         for _ in range(layers):

@@ -7,6 +7,7 @@ tells them apart (DANN). Methods add it to the classification loss through
 :meth:`DomainLoss.objective`, so that every loss scales the gradient reaching
 the features by the same weight lambda, whichever way it is built.
 """
+
 from __future__ import annotations
 
 import math
@@ -40,11 +41,16 @@ class DomainLoss(nn.Module):
         value = self(source, target)
         return weight * value, value
 
+
 def check_features(source: torch.Tensor, target: torch.Tensor, minimum: int = 1) -> None:
     if source.dim() != 2 or target.dim() != 2 or source.shape[1] != target.shape[1]:
-        raise ValueError(f"domain losses take two N x D feature batches of the same D, got {tuple(source.shape)} and {tuple(target.shape)}")
+        raise ValueError(
+            f"domain losses take two N x D feature batches of the same D, got {tuple(source.shape)} and {tuple(target.shape)}"
+        )
     if len(source) < minimum or len(target) < minimum:
-        raise ValueError(f"domain losses need at least {minimum} sample(s) per domain, got {len(source)} and {len(target)}")
+        raise ValueError(
+            f"domain losses need at least {minimum} sample(s) per domain, got {len(source)} and {len(target)}"
+        )
 
 
 def dann_schedule(progress: float, gamma: float = 10.0) -> float:

@@ -18,6 +18,7 @@
 :class:`AdversarialAlignment` runs Eq. 3 on a source's batches, :class:`Disentanglement` the four
 updates of Sec. 3.3 on one batch of generator features.
 """
+
 from __future__ import annotations
 
 import math
@@ -121,14 +122,26 @@ class AdversarialAlignment:
     training mode.
     """
 
-    def __init__(self, net: nn.Module, identifier: nn.Module, identifier_optimizer: torch.optim.Optimizer,
-                 generator_optimizer: torch.optim.Optimizer):
+    def __init__(
+        self,
+        net: nn.Module,
+        identifier: nn.Module,
+        identifier_optimizer: torch.optim.Optimizer,
+        generator_optimizer: torch.optim.Optimizer,
+    ):
         self.net, self.identifier = net, identifier
         self.identifier_optimizer, self.generator_optimizer = identifier_optimizer, generator_optimizer
         self.accuracies: list[float] = []
         self.confusions: list[float] = []
 
-    def step(self, inputs: torch.Tensor, labels: torch.Tensor, weight: float, target: torch.Tensor, generator: torch.Generator) -> None:
+    def step(
+        self,
+        inputs: torch.Tensor,
+        labels: torch.Tensor,
+        weight: float,
+        target: torch.Tensor,
+        generator: torch.Generator,
+    ) -> None:
         net, identifier = self.net, self.identifier
         net.train()
         identifier.train()
@@ -182,19 +195,41 @@ class Disentanglement:
 
     METRICS = ("mine_estimate", "class_identifier_accuracy", "class_identifier_entropy", "reconstruction_loss")
 
-    def __init__(self, net: nn.Module, parts: nn.Module, mine: MINELoss, statistics_optimizer: torch.optim.Optimizer,
-                 make_optimizer: Callable[[list], torch.optim.Optimizer], lambda_entropy: float, lambda_mi: float, lambda_recon: float,
-                 train_generator: bool = True):
+    def __init__(
+        self,
+        net: nn.Module,
+        parts: nn.Module,
+        mine: MINELoss,
+        statistics_optimizer: torch.optim.Optimizer,
+        make_optimizer: Callable[[list], torch.optim.Optimizer],
+        lambda_entropy: float,
+        lambda_mi: float,
+        lambda_recon: float,
+        train_generator: bool = True,
+    ):
         self.net, self.parts, self.mine, self.train_generator = net, parts, mine, train_generator
         self.lambda_entropy, self.lambda_mi, self.lambda_recon = lambda_entropy, lambda_mi, lambda_recon
         generator = list(net.encoder.parameters()) if train_generator else []
         self.optimizers = {
-            "classify": make_optimizer([*generator, *net.invariant.parameters(), *net.head.parameters(), *parts.specific.parameters(),
-                                        *parts.class_identifier.parameters()]),
+            "classify": make_optimizer(
+                [
+                    *generator,
+                    *net.invariant.parameters(),
+                    *net.head.parameters(),
+                    *parts.specific.parameters(),
+                    *parts.class_identifier.parameters(),
+                ]
+            ),
             "entropy": make_optimizer(list(parts.specific.parameters())),
             "statistics": statistics_optimizer,
-            "disentangle": make_optimizer([*generator, *net.invariant.parameters(), *parts.specific.parameters(),
-                                           *parts.reconstructor.parameters()]),
+            "disentangle": make_optimizer(
+                [
+                    *generator,
+                    *net.invariant.parameters(),
+                    *parts.specific.parameters(),
+                    *parts.reconstructor.parameters(),
+                ]
+            ),
         }
         self.sums = dict.fromkeys(self.METRICS, 0.0)
         self.batches = 0
@@ -220,7 +255,9 @@ class Disentanglement:
         generated = self.generate(inputs)
         # Eq. 4: C_i on the invariant part and CI_i on the specific part learn the labels
         ci_logits = parts.class_identifier(parts.specific(generated))
-        self.update("classify", F.cross_entropy(net.head(net.invariant(generated)), labels) + F.cross_entropy(ci_logits, labels))
+        self.update(
+            "classify", F.cross_entropy(net.head(net.invariant(generated)), labels) + F.cross_entropy(ci_logits, labels)
+        )
         # Eq. 5: the specific branch makes CI_i maximally uncertain
         generated = self.generate(inputs, fixed=True) if self.train_generator else generated  # after G_i's step
         ci_logits = parts.class_identifier(parts.specific(generated))

@@ -12,6 +12,7 @@ with ``median`` the median squared distance between all distinct pooled
 points (the median heuristic, Gretton et al. 2012, Sec. 8), detached from the
 graph so that it is a kernel choice, not something the encoder can move.
 """
+
 from __future__ import annotations
 
 from typing import Optional, Sequence
@@ -45,7 +46,9 @@ def gaussian_mmd2(
     if bandwidths:
         variances = torch.tensor([float(b) ** 2 for b in bandwidths], dtype=pooled.dtype, device=pooled.device)
     else:
-        variances = median_squared_distance(sq) * torch.tensor(list(multipliers), dtype=pooled.dtype, device=pooled.device)
+        variances = median_squared_distance(sq) * torch.tensor(
+            list(multipliers), dtype=pooled.dtype, device=pooled.device
+        )
     kernel = torch.exp(-sq.unsqueeze(0) / (2.0 * variances.view(-1, 1, 1))).mean(0)
     k_ss, k_tt, k_st = kernel[:m, :m], kernel[m:, m:], kernel[:m, m:]
     n = len(target)
@@ -62,7 +65,9 @@ class MMDLoss(DomainLoss):
         self.bandwidths = tuple(float(b) for b in bandwidths)
         self.multipliers = tuple(float(m) for m in multipliers)
         if any(b <= 0 for b in self.bandwidths) or any(m <= 0 for m in self.multipliers):
-            raise ValueError(f"MMD bandwidths and multipliers must be positive, got {self.bandwidths} and {self.multipliers}")
+            raise ValueError(
+                f"MMD bandwidths and multipliers must be positive, got {self.bandwidths} and {self.multipliers}"
+            )
         if not self.bandwidths and not self.multipliers:
             raise ValueError("MMDLoss needs fixed bandwidths or median-heuristic multipliers")
 

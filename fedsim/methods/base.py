@@ -16,6 +16,7 @@ Client half (runs where the client's data lives):
 Private client state (a personalized head, norm statistics, barycentric
 coordinates) stays in the client's process and never appears in a Reply.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -75,7 +76,10 @@ class Method:
         if "server_needs_torch" not in vars(cls):
             cls.server_needs_torch = True
         cls.operations = frozenset(
-            name for klass in cls.__mro__ for name, value in vars(klass).items() if getattr(value, "is_client_operation", False)
+            name
+            for klass in cls.__mro__
+            for name, value in vars(klass).items()
+            if getattr(value, "is_client_operation", False)
         )
 
     def __init__(self, config: ExperimentConfig, federation: Federation, device: str = "cpu"):
@@ -127,7 +131,9 @@ class Method:
 
     def operation(self, name: str) -> Callable[[Instruction, Any, ClientData], tuple[Reply, Any]]:
         if name not in self.operations:
-            raise ValueError(f"method {type(self).__name__} has no client operation {name!r} (has {sorted(self.operations)})")
+            raise ValueError(
+                f"method {type(self).__name__} has no client operation {name!r} (has {sorted(self.operations)})"
+            )
         return getattr(self, name)
 
     # ---- server half ------------------------------------------------------

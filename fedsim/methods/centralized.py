@@ -22,6 +22,7 @@ FedAvg), on its own device, with FedAvg's model and training loop (a
 :class:`~fedsim.methods.common.classifier.GlobalClassifier`). ``run.clients_per_round``
 does not apply: the pool always holds every source client.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -70,7 +71,9 @@ class Centralized(Method):
         pool = state["pool"]
         with torch.random.fork_rng(devices=[]):  # building the model seeds torch: leave the global RNG as it was
             model = self.pooled.shared()
-        loss = self.pooled.train(model, state["weights"], ArraySplit(pool["x"], pool["y"]), seed=ctx.seed(-1, "centralized"))
+        loss = self.pooled.train(
+            model, state["weights"], ArraySplit(pool["x"], pool["y"]), seed=ctx.seed(-1, "centralized")
+        )
         return {**state, "weights": model_to_numpy(model)}, {"train_loss": loss, "pool_size": int(len(pool["y"]))}
 
     # ---- client half ------------------------------------------------------

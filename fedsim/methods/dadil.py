@@ -22,6 +22,7 @@ domain live in the server state and travel to each client with the evaluation.
 Everything else (atom initialization, atom mini-batches, encoder stage,
 DaDiL-R / DaDiL-E evaluation) is FedDaDiL's, through the same common pieces.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -46,7 +47,9 @@ class DaDiL(DictionaryMethod):
 
     # ---- server half ------------------------------------------------------
     def init_server(self) -> ServerState:
-        atoms = dil.initial_dictionary(self.params, self.num_atoms, self.encoder.feature_dim, self.federation.num_classes, self.config.run.seed)
+        atoms = dil.initial_dictionary(
+            self.params, self.num_atoms, self.encoder.feature_dim, self.federation.num_classes, self.config.run.seed
+        )
         alphas = {cid: np.full(self.num_atoms, 1.0 / self.num_atoms, np.float32) for cid in self.federation.client_ids}
         return {**atoms, **self.encoder.init_server(), "alphas": alphas}
 
@@ -59,15 +62,24 @@ class DaDiL(DictionaryMethod):
         atoms_x = torch.tensor(state["atoms_x"], requires_grad=True)
         atoms_logits = torch.tensor(state["atoms_logits"], requires_grad=True)
         alphas = {cid: torch.tensor(a, requires_grad=True) for cid, a in state["alphas"].items()}
-        optimizer = dil.make_optimizer(self.params, self.config.method.momentum, [atoms_x, atoms_logits], list(alphas.values()))
+        optimizer = dil.make_optimizer(
+            self.params, self.config.method.momentum, [atoms_x, atoms_logits], list(alphas.values())
+        )
         if "optimizer" in state:
             optimizer.load_state_dict(state["optimizer"])
         losses = self.train_dictionary(ctx, state["pool"], atoms_x, atoms_logits, alphas, optimizer)
-        state = {**state, "atoms_x": atoms_x.detach().numpy(), "atoms_logits": atoms_logits.detach().numpy(),
-                 "alphas": {cid: a.detach().numpy().copy() for cid, a in alphas.items()}, "optimizer": optimizer.state_dict()}
+        state = {
+            **state,
+            "atoms_x": atoms_x.detach().numpy(),
+            "atoms_logits": atoms_logits.detach().numpy(),
+            "alphas": {cid: a.detach().numpy().copy() for cid, a in alphas.items()},
+            "optimizer": optimizer.state_dict(),
+        }
         return state, {"stage": "dictionary", "dil_loss": {str(c): float(np.mean(v)) for c, v in losses.items()}}
 
-    def train_dictionary(self, ctx, pool: dict, atoms_x, atoms_logits, alphas: dict, optimizer) -> dict[int, list[float]]:
+    def train_dictionary(
+        self, ctx, pool: dict, atoms_x, atoms_logits, alphas: dict, optimizer
+    ) -> dict[int, list[float]]:
         """E epochs of n // n_b steps (Alg. 2). Each step, every domain draws its own data mini-batch and its
         own atom mini-batch; the summed loss updates the atom rows sampled by some domain, and every alpha_l
         (projected on the simplex). Returns the last epoch's losses."""
@@ -86,8 +98,13 @@ class DaDiL(DictionaryMethod):
                     idx = dil.atom_minibatches(self.num_atoms, p.samples_per_atom, batch_size, generator)[0]
                     rows = dil.data_minibatch(len(x), batch_size, generator)
                     touched[torch.arange(self.num_atoms)[:, None], idx] = True
-                    loss = dil.dil_loss(*dil.gather_atoms(atoms_x, atoms_logits, idx), alphas[cid], x[rows],
-                                        None if labels is None else labels[rows], p)
+                    loss = dil.dil_loss(
+                        *dil.gather_atoms(atoms_x, atoms_logits, idx),
+                        alphas[cid],
+                        x[rows],
+                        None if labels is None else labels[rows],
+                        p,
+                    )
                     total = total + loss
                     losses[cid].append(float(loss.detach()))
                 optimizer.zero_grad(set_to_none=True)
@@ -102,7 +119,10 @@ class DaDiL(DictionaryMethod):
             return self.encoder.evaluate_round(ctx, state)
         alphas = state["alphas"]
         replies = ctx.call(
-            "evaluate", dil.atom_tensors(state), self.federation.client_ids, lambda cid: {"alpha": [float(a) for a in alphas[cid]]}
+            "evaluate",
+            dil.atom_tensors(state),
+            self.federation.client_ids,
+            lambda cid: {"alpha": [float(a) for a in alphas[cid]]},
         )
         return self.summarize_evaluation(ctx.round, replies)
 
@@ -127,5 +147,7 @@ class DaDiL(DictionaryMethod):
             return self.encoder.evaluate(instruction, state, data)
         self.encoder.prepare(state, data, instruction.tensors)
         alpha, seed = torch.tensor(instruction.config["alpha"], dtype=torch.float32), instruction.config["seed"]
-        metrics = dil.evaluate_predictors(instruction.tensors, alpha, state["test_features"], data.test.y, self.params, seed)
+        metrics = dil.evaluate_predictors(
+            instruction.tensors, alpha, state["test_features"], data.test.y, self.params, seed
+        )
         return Reply(data.client_id, {}, metrics, num_examples=len(data.test)), state

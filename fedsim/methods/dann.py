@@ -21,6 +21,7 @@ The target evaluates the broadcast weights with its own batch-norm statistics
 (AdaBN on its unlabeled inputs) when the model has batch norm, as FedDANN's
 target does. ``target_batch`` and ``target_normalization`` do not apply here.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -33,10 +34,16 @@ from fedsim.losses import DANNLoss, DomainLoss
 from fedsim.messages import Instruction, Reply
 from fedsim.methods.base import ServerState, client_operation
 from fedsim.methods.centralized import Centralized
-from fedsim.methods.common.alignment import AlignmentObjective, FeatureAlignment, alignment_optimizer, feature_dim, steps_per_epoch
+from fedsim.methods.common.alignment import (
+    AlignmentObjective,
+    FeatureAlignment,
+    alignment_optimizer,
+    feature_dim,
+    steps_per_epoch,
+)
 from fedsim.methods.common.training import evaluate_model, load_numpy, model_to_numpy, train_epochs
-from fedsim.methods.feddann import FedDANN
 from fedsim.methods.fedbn import reestimate_bn
+from fedsim.methods.feddann import FedDANN
 from fedsim.models.normalization import bn_keys
 from fedsim.registry import METHODS
 from fedsim.seeding import derive_seed
@@ -74,14 +81,26 @@ class CentralizedAlignment(Centralized):
         batches, trained = steps_per_epoch(len(pool["y"]), method.batch_size)
         optimizer = alignment_optimizer(model, domain_loss, method, self.domain_lr_scale())
         objective = AlignmentObjective(
-            domain_loss, torch.from_numpy(np.asarray(state["target_pool"])), torch.Generator().manual_seed(derive_seed(seed, "target-batch")),
-            self.step_schedule(ctx.round, method.local_epochs * batches), batches, trained, optimizer, encode_target=True,
+            domain_loss,
+            torch.from_numpy(np.asarray(state["target_pool"])),
+            torch.Generator().manual_seed(derive_seed(seed, "target-batch")),
+            self.step_schedule(ctx.round, method.local_epochs * batches),
+            batches,
+            trained,
+            optimizer,
+            encode_target=True,
         )
         domain_loss.train()
         split = ArraySplit(pool["x"], pool["y"])
-        train_epochs(model, split, method.local_epochs, method.batch_size, optimizer, seed, self.device, step_loss=objective)
+        train_epochs(
+            model, split, method.local_epochs, method.batch_size, optimizer, seed, self.device, step_loss=objective
+        )
         state = {**state, "weights": model_to_numpy(model), "domain_loss": model_to_numpy(domain_loss)}
-        metrics = {**objective.metrics(), "pool_size": int(len(pool["y"])), "target_pool_size": int(len(state["target_pool"]))}
+        metrics = {
+            **objective.metrics(),
+            "pool_size": int(len(pool["y"])),
+            "target_pool_size": int(len(state["target_pool"])),
+        }
         return state, {**metrics, "domain_weight": self.domain_weight(ctx.round / self.config.run.rounds)}
 
     @client_operation
@@ -91,7 +110,9 @@ class CentralizedAlignment(Centralized):
         load_numpy(model, instruction.tensors)
         if data.is_target and bn_keys(model):
             reestimate_bn(model, data.train.x, self.device)
-        return Reply(data.client_id, {}, evaluate_model(model, data.test, self.device), num_examples=len(data.test)), state
+        return Reply(
+            data.client_id, {}, evaluate_model(model, data.test, self.device), num_examples=len(data.test)
+        ), state
 
     @client_operation
     def upload_inputs(self, instruction: Instruction, state: Any, data: ClientData) -> tuple[Reply, Any]:

@@ -21,6 +21,7 @@ stages of Alg. 1 in its order, each one ``ctx.call``; the switches ``attention``
 Each client evaluates its own model; ``target_accuracy`` is G_t/C_t's. The target never reads
 ``train.y``; its batch-norm statistics change only through the sources' deltas. Deviations: ``docs/fada.md``.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -39,13 +40,30 @@ from fedsim.methods.base import Method, Replies, ServerState, client_operation
 from fedsim.methods.common.alignment import TARGET_FEATURES, encode_subset
 from fedsim.methods.common.attention import GAIN_FORMS, apply_deltas, dynamic_attention
 from fedsim.methods.common.batches import labeled_batch, labeled_batches
-from fedsim.methods.common.training import encode_in_chunks, evaluate_model, load_numpy, make_optimizer, model_to_numpy, train_epochs
+from fedsim.methods.common.training import (
+    encode_in_chunks,
+    evaluate_model,
+    load_numpy,
+    make_optimizer,
+    model_to_numpy,
+    train_epochs,
+)
 from fedsim.models import build_model
-from fedsim.models.fada_parts import FADANet, SourceParts, align_generator, build_fada_net, feature_width, preserved_buffers
+from fedsim.models.fada_parts import (
+    FADANet,
+    SourceParts,
+    align_generator,
+    build_fada_net,
+    feature_width,
+    preserved_buffers,
+)
 from fedsim.registry import METHODS
 from fedsim.seeding import derive_seed
 
-DELTA, FEATURE_GRAD = "delta:", "feature_grad"  # a source's reply tensors: its model delta (a prefix), its feature gradient
+DELTA, FEATURE_GRAD = (
+    "delta:",
+    "feature_grad",
+)  # a source's reply tensors: its model delta (a prefix), its feature gradient
 
 
 @dataclass(frozen=True)
@@ -76,7 +94,14 @@ class FADAParams:
         for name in ("target_batch", "gap_samples"):
             if getattr(self, name) < 2:
                 raise UserError(f"method.{name} must be 2 or more, got {getattr(self, name)}")
-        for name in ("identifier_hidden", "parts_hidden", "gap_references", "attention_temperature", "mine_lr", "adversarial_steps"):
+        for name in (
+            "identifier_hidden",
+            "parts_hidden",
+            "gap_references",
+            "attention_temperature",
+            "mine_lr",
+            "adversarial_steps",
+        ):
             if not getattr(self, name) > 0:
                 raise UserError(f"method.{name} must be positive, got {getattr(self, name)}")
         for name in ("lambda_adv", "lambda_entropy", "lambda_mi", "lambda_recon", "disentangle_steps", "gap_clusters"):
@@ -87,6 +112,7 @@ class FADAParams:
                 raise UserError(f"method.{name} must be one of {allowed}, got {getattr(self, name)!r}")
         if not 0 < self.mine_rate <= 1:
             raise UserError(f"method.mine_rate must be in (0, 1], got {self.mine_rate}")
+
 
 @METHODS.register("fada")
 class FADA(Method):
@@ -106,7 +132,9 @@ class FADA(Method):
     @classmethod
     def check_setting(cls, config, federation) -> None:
         if (count := len(federation.target_ids)) != 1:
-            raise UserError(f"fada trains one target model on one target client, but the target domain has {count} clients: pass --clients-per-domain 1")
+            raise UserError(
+                f"fada trains one target model on one target client, but the target domain has {count} clients: pass --clients-per-domain 1"
+            )
 
     def build_net(self) -> FADANet:
         torch.manual_seed(derive_seed(self.config.run.seed, "model-init"))  # every client starts from the same weights
@@ -146,19 +174,32 @@ class FADA(Method):
             seed = derive_seed(ctx.seed(tid, "features"), step)  # the inputs of this step's features, for align
             target = ctx.call("features", None, [tid], {"seed": seed})[tid]
             payload = {TARGET_FEATURES: target.tensors["features"]}  # one dict for every source: serialized once
-            replies = ctx.call("adversarial", payload, sources, {"step": step, "send_delta": send_delta and step == steps})
+            replies = ctx.call(
+                "adversarial", payload, sources, {"step": step, "send_delta": send_delta and step == steps}
+            )
             gradients = {str(cid): r.tensors[FEATURE_GRAD] for cid, r in replies.items()}
-            norms.append(ctx.call("align", gradients, [tid], {"seed": seed, "step": step})[tid].metrics["feature_grad_norm"])
+            norms.append(
+                ctx.call("align", gradients, [tid], {"seed": seed, "step": step})[tid].metrics["feature_grad_norm"]
+            )
         for key in ("domain_identifier_accuracy", "confusion_loss", "target_confusion_loss"):
-            metrics[key] = self.per_source(replies, key)  # the means over the round's steps (the last step's target loss)
-        metrics["mean_domain_identifier_accuracy"] = float(np.mean(list(metrics["domain_identifier_accuracy"].values())))
+            metrics[key] = self.per_source(
+                replies, key
+            )  # the means over the round's steps (the last step's target loss)
+        metrics["mean_domain_identifier_accuracy"] = float(
+            np.mean(list(metrics["domain_identifier_accuracy"].values()))
+        )
         metrics["target_feature_grad_norm"] = float(np.mean(norms))
         return replies
 
     def attention_stage(self, ctx, sources: list[int], replies: Replies, metrics: dict) -> dict:
         """Sec. 3.1: the sources' deltas go to the target, which weighs them; returns the new target model."""
         tid = self.target_id
-        deltas = {f"{cid}:{name[len(DELTA):]}": t for cid, r in replies.items() for name, t in r.tensors.items() if name.startswith(DELTA)}
+        deltas = {
+            f"{cid}:{name[len(DELTA) :]}": t
+            for cid, r in replies.items()
+            for name, t in r.tensors.items()
+            if name.startswith(DELTA)
+        }
         updated = ctx.call("update", deltas, [tid], {"sources": [int(c) for c in sources]})[tid]
         metrics["attention"] = {self.labels[cid]: updated.metrics[f"attention:{cid}"] for cid in sources}
         if self.params.attention:  # gap_statistic: the dispersion I or Tibshirani's Gap of w_t, by gap_form
@@ -188,7 +229,9 @@ class FADA(Method):
             where = "runs on the target client only" if target else "trains on labels: it runs on source clients only"
             raise ValueError(f"FADA operation {operation!r} {where}")
 
-    def source_reply(self, instruction: Instruction, state: Any, data: ClientData, tensors: dict, metrics: dict) -> Reply:
+    def source_reply(
+        self, instruction: Instruction, state: Any, data: ClientData, tensors: dict, metrics: dict
+    ) -> Reply:
         """The stage's reply; the last stage of the round adds Delta_i = w_i - w_t, per named tensor."""
         if instruction.config.get("send_delta"):
             start, current = state["start"], model_to_numpy(state["net"])
@@ -212,9 +255,18 @@ class FADA(Method):
         self.require(data, "features", target=True)
         net = state["net"]
         with preserved_buffers(net):
-            encoded = encode_subset(net, data.train.x, self.params.target_batch, instruction.config["seed"], self.device,
-                                    chunk=self.config.method.batch_size, batch_statistics=True)
-        return Reply(data.client_id, {"features": encoded}, {"num_features": float(len(encoded))}, num_examples=len(encoded)), state
+            encoded = encode_subset(
+                net,
+                data.train.x,
+                self.params.target_batch,
+                instruction.config["seed"],
+                self.device,
+                chunk=self.config.method.batch_size,
+                batch_statistics=True,
+            )
+        return Reply(
+            data.client_id, {"features": encoded}, {"num_features": float(len(encoded))}, num_examples=len(encoded)
+        ), state
 
     @client_operation
     def adversarial(self, instruction: Instruction, state: Any, data: ClientData) -> tuple[Reply, Any]:
@@ -225,18 +277,33 @@ class FADA(Method):
         step, seed, net = config["step"], config["seed"], state["net"]
         if step == 1:
             identifier = state["parts"].domain_identifier
-            state["alignment"] = AdversarialAlignment(net, identifier, make_optimizer(identifier, method), make_optimizer(net, method))
+            state["alignment"] = AdversarialAlignment(
+                net, identifier, make_optimizer(identifier, method), make_optimizer(net, method)
+            )
         alignment = state["alignment"]
-        target = torch.tensor(np.asarray(instruction.tensors[TARGET_FEATURES]), device=self.device)  # a copy: read-only arrays
+        target = torch.tensor(
+            np.asarray(instruction.tensors[TARGET_FEATURES]), device=self.device
+        )  # a copy: read-only arrays
         weight = self.adversarial_weight((config["round"] - 1 + step / p.adversarial_steps) / self.config.run.rounds)
-        batch = labeled_batch(data.train, method.batch_size, p.adversarial_steps, step - 1, torch.Generator().manual_seed(seed), self.device)
+        batch = labeled_batch(
+            data.train,
+            method.batch_size,
+            p.adversarial_steps,
+            step - 1,
+            torch.Generator().manual_seed(seed),
+            self.device,
+        )
         if batch is not None:
-            alignment.step(*batch, weight, target, torch.Generator().manual_seed(derive_seed(seed, step, "target-batch")))
+            alignment.step(
+                *batch, weight, target, torch.Generator().manual_seed(derive_seed(seed, step, "target-batch"))
+            )
         gradient, target_confusion = alignment.target_gradient(weight, target)
         metrics = {**alignment.metrics(), "target_confusion_loss": target_confusion}
         if step == p.adversarial_steps:
             del state["alignment"]
-        return self.source_reply(instruction, state, data, {FEATURE_GRAD: gradient.cpu().numpy().astype(np.float32)}, metrics), state
+        return self.source_reply(
+            instruction, state, data, {FEATURE_GRAD: gradient.cpu().numpy().astype(np.float32)}, metrics
+        ), state
 
     @client_operation
     def align(self, instruction: Instruction, state: Any, data: ClientData) -> tuple[Reply, Any]:
@@ -245,8 +312,16 @@ class FADA(Method):
         net, method, config = state["net"], self.config.method, instruction.config
         if config["step"] == 1:
             state["align_optimizer"] = make_optimizer(net.encoder, method)  # G_t's, kept through the round's steps
-        norm = align_generator(net, data.train.x, instruction.tensors, self.params.target_batch, config["seed"],
-                               state["align_optimizer"], method.batch_size, self.device)
+        norm = align_generator(
+            net,
+            data.train.x,
+            instruction.tensors,
+            self.params.target_batch,
+            config["seed"],
+            state["align_optimizer"],
+            method.batch_size,
+            self.device,
+        )
         if config["step"] == self.params.adversarial_steps:
             del state["align_optimizer"]
         return Reply(data.client_id, {}, {"feature_grad_norm": norm}, num_examples=len(data.train)), state
@@ -257,11 +332,20 @@ class FADA(Method):
         self.require(data, "disentangle", target=False)
         p, method, net, parts = self.params, self.config.method, state["net"], state["parts"]
         objective = Disentanglement(
-            net, parts, state["mine"], state["mine_optimizer"], lambda params: make_optimizer(params, method),
-            p.lambda_entropy, p.lambda_mi, p.lambda_recon, p.disentangle_generator,
+            net,
+            parts,
+            state["mine"],
+            state["mine_optimizer"],
+            lambda params: make_optimizer(params, method),
+            p.lambda_entropy,
+            p.lambda_mi,
+            p.lambda_recon,
+            p.disentangle_generator,
         )
         generator = torch.Generator().manual_seed(instruction.config["seed"])  # the batches and the MINE pairings
-        with contextlib.nullcontext() if p.disentangle_generator else preserved_buffers(net):  # a trained G_i: its statistics too
+        with (
+            contextlib.nullcontext() if p.disentangle_generator else preserved_buffers(net)
+        ):  # a trained G_i: its statistics too
             for xb, yb in labeled_batches(data.train, method.batch_size, p.disentangle_steps, generator, self.device):
                 objective.step(xb, yb, generator)
         return self.source_reply(instruction, state, data, {}, objective.metrics()), state
@@ -277,8 +361,16 @@ class FADA(Method):
         metrics: dict[str, float] = {}
         if p.attention:
             weights, before, gains = dynamic_attention(
-                lambda w, inputs: self.invariant_features(net, w, inputs), current, deltas, data.train.x,
-                p.gap_samples, p.gap_clusters or self.federation.num_classes, p.gap_references, p.attention_temperature, instruction.config["seed"], p.gap_form,
+                lambda w, inputs: self.invariant_features(net, w, inputs),
+                current,
+                deltas,
+                data.train.x,
+                p.gap_samples,
+                p.gap_clusters or self.federation.num_classes,
+                p.gap_references,
+                p.attention_temperature,
+                instruction.config["seed"],
+                p.gap_form,
             )
             metrics.update({f"gap_gain:{cid}": gain for cid, gain in zip(sources, gains)}, gap_statistic=before)
         else:
@@ -297,4 +389,6 @@ class FADA(Method):
     @client_operation
     def evaluate(self, instruction: Instruction, state: Any, data: ClientData) -> tuple[Reply, Any]:
         """Each client evaluates its own model on its labeled test part (target: G_t/C_t)."""
-        return Reply(data.client_id, {}, evaluate_model(state["net"], data.test, self.device), num_examples=len(data.test)), state
+        return Reply(
+            data.client_id, {}, evaluate_model(state["net"], data.test, self.device), num_examples=len(data.test)
+        ), state

@@ -8,6 +8,7 @@ client never trains: it only evaluates the global model on its test part.
 The server half is numpy only (``server_needs_torch = False``): torch and the
 classifier are imported where the client half first uses them.
 """
+
 from __future__ import annotations
 
 from functools import cached_property
@@ -62,7 +63,9 @@ class FedAvg(SingleExchange):
         model = state["model"]
         from fedsim.methods.common.training import model_to_numpy
 
-        loss = self.classifier.train(model, instruction.tensors, data.train, instruction.config["seed"], self.local_loss(instruction))
+        loss = self.classifier.train(
+            model, instruction.tensors, data.train, instruction.config["seed"], self.local_loss(instruction)
+        )
         return Reply(data.client_id, model_to_numpy(model), {"train_loss": loss}, num_examples=len(data.train)), state
 
     @client_operation

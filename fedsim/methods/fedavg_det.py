@@ -13,6 +13,7 @@ Scoring M_i on the server's test set needs M_i on the server host: in evaluated 
 the clients upload their personal parts for that (``share_personal``), an
 evaluation-only exchange that never enters training.
 """
+
 from __future__ import annotations
 
 from typing import Any, Callable, ClassVar, Optional
@@ -20,10 +21,10 @@ from typing import Any, Callable, ClassVar, Optional
 from fedsim.data.base import ClientData
 from fedsim.messages import Instruction, Reply
 from fedsim.methods.base import ServerState, client_operation
+from fedsim.methods.common.aggregation import weighted_average
 from fedsim.methods.common.detection import DetectionMethod
 from fedsim.methods.common.detection_eval import Family, Weights, with_prefix
 from fedsim.methods.common.detection_training import DetectionSet
-from fedsim.methods.common.aggregation import weighted_average
 from fedsim.methods.common.training import load_numpy, model_to_numpy
 from fedsim.models.detector import Detector
 from fedsim.registry import METHODS
@@ -48,7 +49,14 @@ class FedAvgDetection(DetectionMethod):
     def families(self, rnd: int) -> list[Family]:
         fams = [Family("global", False, ("payload:global",), lambda cid: ("payload:global",))]
         if self.personal_keys is not None:
-            fams.append(Family("personal", True, ("payload:global|own:personal",), lambda cid: (f"payload:global|payload:personal@{cid}",)))
+            fams.append(
+                Family(
+                    "personal",
+                    True,
+                    ("payload:global|own:personal",),
+                    lambda cid: (f"payload:global|payload:personal@{cid}",),
+                )
+            )
         return fams
 
     def primary(self) -> str:

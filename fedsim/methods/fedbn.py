@@ -20,6 +20,7 @@ The FedAvg half (initialization, client sampling, local training, weighted mean)
 is a :class:`~fedsim.methods.fedavg.FedAvg` object; this file adds the split of
 every model into shared and private (BN) tensors around it.
 """
+
 from __future__ import annotations
 
 import copy
@@ -53,7 +54,9 @@ def initial_bn(model: nn.Module) -> dict[str, np.ndarray]:
     for name, module in bn_layers(model):
         fresh = copy.deepcopy(module)
         fresh.reset_parameters()
-        out.update({f"{name}.{key}" if name else key: t.detach().cpu().numpy().copy() for key, t in fresh.state_dict().items()})
+        out.update(
+            {f"{name}.{key}" if name else key: t.detach().cpu().numpy().copy() for key, t in fresh.state_dict().items()}
+        )
     return out
 
 
@@ -135,4 +138,6 @@ class FedBN(SingleExchange):
         load_numpy(model, {**instruction.tensors, **self.own_bn(state)})
         if data.is_target and self.params.target_bn == "adabn" and bn_keys(model):
             reestimate_bn(model, data.train.x, self.device)  # inputs only: the target's train.y is None
-        return Reply(data.client_id, {}, evaluate_model(model, data.test, self.device), num_examples=len(data.test)), state
+        return Reply(
+            data.client_id, {}, evaluate_model(model, data.test, self.device), num_examples=len(data.test)
+        ), state

@@ -6,6 +6,7 @@ and averages the rest, as in :mod:`fedsim.methods.fedavg_det`. Client i's model 
 (family ``personal``) is the global model with its own batch norm; ``global`` keeps
 w_b's batch norm (used by the unlabeled target, which has none of its own).
 """
+
 from __future__ import annotations
 
 from fedsim.methods.fedavg_det import FedAvgDetection

@@ -23,6 +23,7 @@ Evaluation: DaDiL-R (a classifier trained on the reconstruction
 B(alpha; atoms)) is ``target_accuracy``; DaDiL-E (per-atom classifiers weighted
 by alpha) is ``target_accuracy_E``. Each client evaluates with its own alpha.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -47,7 +48,9 @@ class FedDaDiL(DictionaryMethod):
 
     # ---- server half ------------------------------------------------------
     def init_server(self) -> ServerState:
-        atoms = dil.initial_dictionary(self.params, self.num_atoms, self.encoder.feature_dim, self.federation.num_classes, self.config.run.seed)
+        atoms = dil.initial_dictionary(
+            self.params, self.num_atoms, self.encoder.feature_dim, self.federation.num_classes, self.config.run.seed
+        )
         return {**atoms, **self.encoder.init_server()}
 
     def run_round(self, ctx, state: ServerState) -> tuple[ServerState, dict]:
@@ -55,7 +58,11 @@ class FedDaDiL(DictionaryMethod):
             return self.encoder.run_round(ctx, state)
         payload = {**dil.atom_tensors(state), **self.encoder.feature_payload(ctx, state)}
         # the first dictionary round reaches every client (encoder weights, standardization); then a sample
-        working = self.federation.client_ids if "weights" in payload else self.sample_clients(ctx.round, self.federation.client_ids)
+        working = (
+            self.federation.client_ids
+            if "weights" in payload
+            else self.sample_clients(ctx.round, self.federation.client_ids)
+        )
         replies = ctx.call("dil", payload, working)
         versions = [(r.tensors["atoms_x"], r.tensors["atoms_logits"]) for r in replies.values()]
         metrics = {
@@ -104,8 +111,13 @@ class FedDaDiL(DictionaryMethod):
             losses = []
             for idx in dil.atom_minibatches(self.num_atoms, p.samples_per_atom, batch_size, generator):
                 rows = dil.data_minibatch(len(train_x), batch_size, generator)
-                loss = dil.dil_loss(*dil.gather_atoms(atoms_x, atoms_logits, idx), alpha, train_x[rows],
-                                    None if labels is None else labels[rows], p)
+                loss = dil.dil_loss(
+                    *dil.gather_atoms(atoms_x, atoms_logits, idx),
+                    alpha,
+                    train_x[rows],
+                    None if labels is None else labels[rows],
+                    p,
+                )
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 optimizer.step()
@@ -113,7 +125,9 @@ class FedDaDiL(DictionaryMethod):
                 losses.append(float(loss.detach()))
         state["alpha"], state["optimizer"] = alpha.detach().clone(), optimizer.state_dict()
         tensors = {"atoms_x": atoms_x.detach().numpy(), "atoms_logits": atoms_logits.detach().numpy()}
-        return Reply(data.client_id, tensors, {"dil_loss": float(np.mean(losses)) if losses else float("nan")}, len(train_x)), state
+        return Reply(
+            data.client_id, tensors, {"dil_loss": float(np.mean(losses)) if losses else float("nan")}, len(train_x)
+        ), state
 
     @client_operation
     def evaluate(self, instruction: Instruction, state: Any, data: ClientData) -> tuple[Reply, Any]:
@@ -122,5 +136,7 @@ class FedDaDiL(DictionaryMethod):
             return self.encoder.evaluate(instruction, state, data)
         self.encoder.prepare(state, data, instruction.tensors)
         alpha, seed = state["alpha"], instruction.config["seed"]
-        metrics = dil.evaluate_predictors(instruction.tensors, alpha, state["test_features"], data.test.y, self.params, seed)
+        metrics = dil.evaluate_predictors(
+            instruction.tensors, alpha, state["test_features"], data.test.y, self.params, seed
+        )
         return Reply(data.client_id, {}, metrics, num_examples=len(data.test)), state

@@ -28,6 +28,7 @@ Defaults, from the sources (never from target labels):
   target snapshot per round (see the alignment module) lambda = 1 collapses the
   sources. No value passed the 5-point guard on mnistm: docs/baselines.md.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass

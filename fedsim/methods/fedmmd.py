@@ -18,6 +18,7 @@ there is no discriminator learning rate. The digits config sets
 the two baselines still differ by the loss alone (at 1, FedMMD lowered synth by
 10 points with mnistm as the target: docs/baselines.md).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -41,9 +42,13 @@ class FedMMD(FeatureAlignment):
         def __post_init__(self):
             super().__post_init__()
             if any(b <= 0 for b in self.bandwidths) or any(m <= 0 for m in self.kernel_multipliers):
-                raise UserError("method.bandwidths and method.kernel_multipliers must be positive numbers, e.g. method.kernel_multipliers=0.5,1,2")
+                raise UserError(
+                    "method.bandwidths and method.kernel_multipliers must be positive numbers, e.g. method.kernel_multipliers=0.5,1,2"
+                )
             if not self.bandwidths and not self.kernel_multipliers:
-                raise UserError("method.kernel_multipliers is empty: give some (e.g. 0.5,1,2) or fixed method.bandwidths")
+                raise UserError(
+                    "method.kernel_multipliers is empty: give some (e.g. 0.5,1,2) or fixed method.bandwidths"
+                )
 
     def make_domain_loss(self, in_features: int) -> DomainLoss:
         return MMDLoss(self.params.bandwidths, self.params.kernel_multipliers)

@@ -45,6 +45,7 @@ whose w_i are always fine-tunes of w_b). Other fusion settings can be scored on 
 evaluation: ``variant_confs`` adds ``ens_wbf_<conf>`` (WBF with that fused score),
 ``variant_weights`` (pairs g, p) adds ``ens_<fusion>_w<g>_<p>`` for every fusion.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -59,10 +60,10 @@ from fedsim.detection.fusion import METHODS as FUSIONS
 from fedsim.errors import UserError
 from fedsim.messages import Instruction, Reply
 from fedsim.methods.base import ServerState, client_operation
+from fedsim.methods.common.aggregation import weighted_average
 from fedsim.methods.common.detection import DetectionMethod, DetectionParams
 from fedsim.methods.common.detection_eval import Family, Weights, prefixed, with_prefix
 from fedsim.methods.common.detection_training import ExtraLoss
-from fedsim.methods.common.aggregation import weighted_average
 from fedsim.methods.common.training import load_numpy, model_to_numpy
 from fedsim.models.detector import Detector
 from fedsim.registry import METHODS
@@ -83,7 +84,7 @@ def channel_wise_distillation(student: torch.Tensor, teacher: torch.Tensor, temp
     s = student.reshape(n * c, -1) / temperature
     t = teacher.reshape(n * c, -1) / temperature
     kl = (F.softmax(t, dim=1) * (F.log_softmax(t, dim=1) - F.log_softmax(s, dim=1))).sum(dim=1)
-    return kl.mean() * temperature ** 2
+    return kl.mean() * temperature**2
 
 
 def multi_teacher_loss(teachers: list[Detector], params, parts: dict) -> ExtraLoss:
@@ -97,8 +98,14 @@ def multi_teacher_loss(teachers: list[Detector], params, parts: dict) -> ExtraLo
         for model in teachers:
             with torch.no_grad():
                 t_maps = model.maps(images)
-            feat = sum(channel_wise_distillation(s, t, params.temperature) for s, t in zip(maps["features"], t_maps["features"]))
-            cls = sum(channel_wise_distillation(s, t, params.temperature) for s, t in zip(maps["cls_logits"], t_maps["cls_logits"]))
+            feat = sum(
+                channel_wise_distillation(s, t, params.temperature)
+                for s, t in zip(maps["features"], t_maps["features"])
+            )
+            cls = sum(
+                channel_wise_distillation(s, t, params.temperature)
+                for s, t in zip(maps["cls_logits"], t_maps["cls_logits"])
+            )
             reg = sum(F.mse_loss(s, t) for s, t in zip(maps["bbox_regression"], t_maps["bbox_regression"]))
             parts["feat"] += share * float(feat.detach())
             parts["cls"] += share * float(cls.detach())
@@ -120,7 +127,9 @@ class FedOD(DetectionMethod):
     class Params(DetectionParams):
         mode: str = "fedod"  # fedod, baseline1 (w_b alone), baseline2 (w_b ensembled with client fine-tunes of it)
         distill_iters: int = 100  # student steps on the server's data per round
-        temperature: float = 4.0  # T of the channel-wise distillation (CWD's segmentation T; its detection code: 1; see docs/fedod.md)
+        temperature: float = (
+            4.0  # T of the channel-wise distillation (CWD's segmentation T; its detection code: 1; see docs/fedod.md)
+        )
         lambda_det: float = 1.0  # detection loss on the server's labels
         lambda_feat: float = 0.1  # CWD summed over the pyramid levels (CWD's detection code: 5 per level, 11x L_det here; see docs/fedod.md)
         lambda_cls: float = 1.0  # CWD on the classification maps
@@ -128,7 +137,9 @@ class FedOD(DetectionMethod):
         fusion_weights: tuple[float, ...] = (1.0, 1.0)  # (global, personal) model weights of the ensemble
         fusion_iou: float = 0.55  # IoU at which boxes are fused / suppressed
         skip_box_thr: float = 0.0  # boxes below this score are ignored by the fusion
-        fusion_conf: str = "avg"  # WBF's fused score: avg, max, box_and_model_avg, absent_model_aware_avg (ensemble-boxes conf_type)
+        fusion_conf: str = (
+            "avg"  # WBF's fused score: avg, max, box_and_model_avg, absent_model_aware_avg (ensemble-boxes conf_type)
+        )
         variant_confs: tuple[str, ...] = ()  # more WBF fused scores scored in the last round (ens_wbf_<conf>)
         variant_weights: tuple[float, ...] = ()  # more (global, personal) weight pairs, flat (ens_<fusion>_w<g>_<p>)
 
@@ -137,17 +148,25 @@ class FedOD(DetectionMethod):
             if self.mode not in MODES:
                 raise UserError(f"method.mode must be one of {', '.join(MODES)}, got {self.mode!r}")
             if self.distill_iters < 0 or self.temperature <= 0:
-                raise UserError(f"method.distill_iters must be 0 or more and method.temperature positive, got {self.distill_iters} and {self.temperature}")
+                raise UserError(
+                    f"method.distill_iters must be 0 or more and method.temperature positive, got {self.distill_iters} and {self.temperature}"
+                )
             if min(self.lambda_det, self.lambda_feat, self.lambda_cls, self.lambda_reg) < 0:
                 raise UserError("method.lambda_det, lambda_feat, lambda_cls and lambda_reg must be 0 or more")
-            pairs = [self.fusion_weights] + [self.variant_weights[i:i + 2] for i in range(0, len(self.variant_weights), 2)]
+            pairs = [self.fusion_weights] + [
+                self.variant_weights[i : i + 2] for i in range(0, len(self.variant_weights), 2)
+            ]
             if any(len(w) != 2 or min(w) < 0 or sum(w) <= 0 for w in pairs):
-                raise UserError(f"method.fusion_weights and variant_weights must be pairs of non-negative weights (global, personal), got {self.fusion_weights} and {self.variant_weights}")
+                raise UserError(
+                    f"method.fusion_weights and variant_weights must be pairs of non-negative weights (global, personal), got {self.fusion_weights} and {self.variant_weights}"
+                )
             if not 0 < self.fusion_iou <= 1:
                 raise UserError(f"method.fusion_iou must lie in (0, 1], got {self.fusion_iou}")
             for conf in (self.fusion_conf, *self.variant_confs):
                 if conf not in CONF_TYPES:
-                    raise UserError(f"method.fusion_conf and variant_confs must be among {', '.join(CONF_TYPES)}, got {conf!r}")
+                    raise UserError(
+                        f"method.fusion_conf and variant_confs must be among {', '.join(CONF_TYPES)}, got {conf!r}"
+                    )
 
     # ---- server half ------------------------------------------------------
     def run_round(self, ctx, state: ServerState) -> tuple[ServerState, dict]:
@@ -176,7 +195,9 @@ class FedOD(DetectionMethod):
     def final_fine_tune(self, ctx, weights: Weights) -> dict:
         """After the last distillation: every client fine-tunes w_g^R into w_i^(R+1) (kept as ``final``); the server host
         gets them (as ``final@<client>``) to score them and their ensembles on S, an evaluation-only upload."""
-        replies = ctx.call("fit", weights, self.roles.client_ids, lambda cid: {"slot": "final", "seed": ctx.seed(cid, "final_fit")})
+        replies = ctx.call(
+            "fit", weights, self.roles.client_ids, lambda cid: {"slot": "final", "seed": ctx.seed(cid, "final_fit")}
+        )
         finals: Weights = {}
         for cid, reply in replies.items():
             finals.update(with_prefix(reply.tensors, f"final@{cid}"))
@@ -187,7 +208,11 @@ class FedOD(DetectionMethod):
         base = Family("wb", False, ("payload:wb",), lambda cid: ("payload:wb",))
         if self.params.mode == "baseline1":
             return [base]
-        fams = [base] if self.params.mode == "baseline2" else [Family("wg", False, ("payload:wg",), lambda cid: ("payload:wg",)), base]
+        fams = (
+            [base]
+            if self.params.mode == "baseline2"
+            else [Family("wg", False, ("payload:wg",), lambda cid: ("payload:wg",)), base]
+        )
         fams.append(personal_family("wi", "personal", "teacher"))
         if not self.is_final(rnd):
             return fams
@@ -197,17 +222,33 @@ class FedOD(DetectionMethod):
         if own == "final":
             fams.append(personal_family("wi_final", "final", "final"))
         for name, fusion, options in self.fusion_settings():
-            fams.append(Family(name, True, (f"payload:{glob}", f"own:{own}"), lambda cid, g=glob, o=own: (f"payload:{g}", f"own:{SERVER_SLOT[o]}@{cid}"), fusion=fusion, options=options))
+            fams.append(
+                Family(
+                    name,
+                    True,
+                    (f"payload:{glob}", f"own:{own}"),
+                    lambda cid, g=glob, o=own: (f"payload:{g}", f"own:{SERVER_SLOT[o]}@{cid}"),
+                    fusion=fusion,
+                    options=options,
+                )
+            )
         return fams
 
     def fusion_settings(self) -> list[tuple[str, str, dict]]:
         """(family name, fusion method, fuse() options) of every ensemble scored in the last round."""
         p = self.params
         common = {"iou_thr": p.fusion_iou, "skip_box_thr": p.skip_box_thr}
-        settings = [(f"ens_{m}", m, {"weights": p.fusion_weights, **common, "conf_type": p.fusion_conf}) for m in FUSIONS]
-        settings += [(f"ens_wbf_{conf}", "wbf", {"weights": p.fusion_weights, **common, "conf_type": conf}) for conf in p.variant_confs]
+        settings = [
+            (f"ens_{m}", m, {"weights": p.fusion_weights, **common, "conf_type": p.fusion_conf}) for m in FUSIONS
+        ]
+        settings += [
+            (f"ens_wbf_{conf}", "wbf", {"weights": p.fusion_weights, **common, "conf_type": conf})
+            for conf in p.variant_confs
+        ]
         for g, w in zip(p.variant_weights[::2], p.variant_weights[1::2]):
-            settings += [(f"ens_{m}_w{g:g}_{w:g}", m, {"weights": (g, w), **common, "conf_type": p.fusion_conf}) for m in FUSIONS]
+            settings += [
+                (f"ens_{m}_w{g:g}_{w:g}", m, {"weights": (g, w), **common, "conf_type": p.fusion_conf}) for m in FUSIONS
+            ]
         return settings
 
     def primary(self) -> str:
@@ -226,7 +267,9 @@ class FedOD(DetectionMethod):
         ``final`` after the last distillation), send it."""
         model = state["model"]
         load_numpy(model, instruction.tensors)
-        loss = self.local_train(model, self.train_set(state, data), self.params.client_iters, instruction.config["seed"])
+        loss = self.local_train(
+            model, self.train_set(state, data), self.params.client_iters, instruction.config["seed"]
+        )
         weights = model_to_numpy(model)
         slot = instruction.config.get("slot", "personal")
         state["own"][slot] = weights
@@ -254,7 +297,10 @@ class FedOD(DetectionMethod):
         ids = instruction.config["teachers"]
         teacher_weights = [state["own"][f"teacher@{cid}"] for cid in ids]
         student = state["model"]
-        load_numpy(student, weighted_average([prefixed(instruction.tensors, "global")] + teacher_weights, [1.0] * (len(ids) + 1)))
+        load_numpy(
+            student,
+            weighted_average([prefixed(instruction.tensors, "global")] + teacher_weights, [1.0] * (len(ids) + 1)),
+        )
         teachers = state.setdefault("teacher_models", [])
         while len(teachers) < len(ids):
             teachers.append(self.new_model())
@@ -263,7 +309,14 @@ class FedOD(DetectionMethod):
             model.eval()
             model.requires_grad_(False)
         parts = {"feat": 0.0, "cls": 0.0, "reg": 0.0}
-        distillation = multi_teacher_loss(teachers[:len(ids)], p, parts)
-        loss = self.local_train(student, self.train_set(state, data), p.distill_iters, instruction.config["seed"], extra_loss=distillation, detection_weight=p.lambda_det)
+        distillation = multi_teacher_loss(teachers[: len(ids)], p, parts)
+        loss = self.local_train(
+            student,
+            self.train_set(state, data),
+            p.distill_iters,
+            instruction.config["seed"],
+            extra_loss=distillation,
+            detection_weight=p.lambda_det,
+        )
         metrics = {"loss": loss, **{f"last_{k}": float(v) for k, v in parts.items()}}
         return Reply(data.client_id, model_to_numpy(student), metrics, num_examples=len(data.train)), state

@@ -4,6 +4,7 @@ Each source client minimizes  F_k(w) + mu/2 ||w - w_global||^2  locally; the
 server aggregation is FedAvg's weighted mean (numpy only: torch is imported by the
 client half, in :meth:`FedProx.local_loss`).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -42,7 +43,9 @@ class FedProx(FedAvg):
             nonlocal anchors
             loss = classification_loss(model, xb, yb)
             if anchors is None:
-                anchors = {name: torch.tensor(instruction.tensors[name]).to(p.device) for name, p in model.named_parameters()}
+                anchors = {
+                    name: torch.tensor(instruction.tensors[name]).to(p.device) for name, p in model.named_parameters()
+                }
             return loss + 0.5 * mu * sum(((p - anchors[name]) ** 2).sum() for name, p in model.named_parameters())
 
         return proximal_objective

@@ -32,6 +32,7 @@ its number of training samples, to the server and the target, once per
 evaluation; heads never travel during training. Sources evaluate with their own
 head.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -45,9 +46,16 @@ from fedsim.data.base import ClientData
 from fedsim.errors import UserError
 from fedsim.messages import Instruction, Reply
 from fedsim.methods.base import Method, ServerState, client_operation
-from fedsim.methods.common.classifier import GlobalClassifier
 from fedsim.methods.common.aggregation import weighted_average
-from fedsim.methods.common.training import evaluate_model, load_numpy, make_optimizer, minibatches, model_to_numpy, train_epochs
+from fedsim.methods.common.classifier import GlobalClassifier
+from fedsim.methods.common.training import (
+    evaluate_model,
+    load_numpy,
+    make_optimizer,
+    minibatches,
+    model_to_numpy,
+    train_epochs,
+)
 from fedsim.registry import METHODS
 from fedsim.seeding import derive_seed
 
@@ -56,7 +64,9 @@ HEAD = "head."  # state-dict prefix of the personal part
 
 def split_head(tensors: dict) -> tuple[dict, dict]:
     """(representation tensors, head tensors)."""
-    return {k: v for k, v in tensors.items() if not k.startswith(HEAD)}, {k: v for k, v in tensors.items() if k.startswith(HEAD)}
+    return {k: v for k, v in tensors.items() if not k.startswith(HEAD)}, {
+        k: v for k, v in tensors.items() if k.startswith(HEAD)
+    }
 
 
 @torch.no_grad()
@@ -117,7 +127,9 @@ class FedRep(Method):
         replies = ctx.call("fit", state["weights"], self.sample_clients(ctx.round, self.federation.source_ids))
         weights = weighted_average([r.tensors for r in replies.values()], [r.num_examples for r in replies.values()])
         keys = sorted({key for r in replies.values() for key in r.metrics})  # train_loss, head_loss
-        return {**state, "weights": weights}, {key: {str(cid): r.metrics[key] for cid, r in replies.items() if key in r.metrics} for key in keys}
+        return {**state, "weights": weights}, {
+            key: {str(cid): r.metrics[key] for cid, r in replies.items() if key in r.metrics} for key in keys
+        }
 
     def evaluate_round(self, ctx, state: ServerState) -> dict:
         """Sources send their heads (evaluation only); sources test their own head, the target the weighted mixture."""
@@ -144,12 +156,18 @@ class FedRep(Method):
         metrics = {}
         if self.params.head_epochs:
             features = frozen_features(model, data.train.x, method.batch_size, self.device)
-            load_numpy(model, instruction.tensors, strict=False)  # phi^t is frozen: undo the BN statistics the encoding moved
-            metrics["head_loss"] = train_head(model.head, features, data.train.y, self.params.head_epochs, method, derive_seed(seed, 1))
+            load_numpy(
+                model, instruction.tensors, strict=False
+            )  # phi^t is frozen: undo the BN statistics the encoding moved
+            metrics["head_loss"] = train_head(
+                model.head, features, data.train.y, self.params.head_epochs, method, derive_seed(seed, 1)
+            )
         model.head.requires_grad_(False)
         try:
             optimizer = make_optimizer(model.encoder.parameters(), method)
-            metrics["train_loss"] = train_epochs(model, data.train, method.local_epochs, method.batch_size, optimizer, derive_seed(seed, 2), self.device)
+            metrics["train_loss"] = train_epochs(
+                model, data.train, method.local_epochs, method.batch_size, optimizer, derive_seed(seed, 2), self.device
+            )
         finally:
             model.head.requires_grad_(True)
         body, state["head"] = split_head(model_to_numpy(model))
@@ -166,8 +184,15 @@ class FedRep(Method):
         model = state["model"]
         if not data.is_target:
             load_numpy(model, {**body, **self.own_head(state)})
-            return Reply(data.client_id, {}, evaluate_model(model, data.test, self.device), num_examples=len(data.test)), state
-        return Reply(data.client_id, {}, self.mixture_metrics(model, body, instruction.tensors, data), num_examples=len(data.test)), state
+            return Reply(
+                data.client_id, {}, evaluate_model(model, data.test, self.device), num_examples=len(data.test)
+            ), state
+        return Reply(
+            data.client_id,
+            {},
+            self.mixture_metrics(model, body, instruction.tensors, data),
+            num_examples=len(data.test),
+        ), state
 
     @torch.no_grad()
     def mixture_metrics(self, model: nn.Module, body: dict, tensors: dict, data: ClientData) -> dict[str, float]:
@@ -180,7 +205,17 @@ class FedRep(Method):
         probabilities = torch.zeros(len(x), self.federation.num_classes, dtype=torch.float64)
         for cid, weight in zip(sources, counts / counts.sum()):
             prefix = f"heads.{cid}."
-            load_numpy(model, {**body, **{k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix) and k != prefix + "count"}})
+            load_numpy(
+                model,
+                {
+                    **body,
+                    **{
+                        k[len(prefix) :]: v
+                        for k, v in tensors.items()
+                        if k.startswith(prefix) and k != prefix + "count"
+                    },
+                },
+            )
             model.eval()
             logits = torch.cat([model(x[i : i + 512].to(self.device)).cpu() for i in range(0, len(x), 512)])
             probabilities += weight * torch.softmax(logits.double(), dim=1)

@@ -8,6 +8,7 @@ with the head frozen (the paper's tau_h head epochs, then one body epoch). Perso
 heads start from w_b's; client i's model M_i (family ``personal``) is the global body
 with its own head; ``global`` keeps w_b's head (used by the unlabeled target).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -38,7 +39,10 @@ class FedRepDetection(FedAvgDetection):
 
     def local_steps(self, model: Detector, data: DetectionSet, seed: int) -> float:
         loss = 0.0
-        for part, frozen, steps, stage in ((model.head, model.backbone, self.params.head_iters, "head"), (model.backbone, model.head, self.params.client_iters, "body")):
+        for part, frozen, steps, stage in (
+            (model.head, model.backbone, self.params.head_iters, "head"),
+            (model.backbone, model.head, self.params.client_iters, "body"),
+        ):
             frozen.requires_grad_(False)
             try:
                 loss = self.local_train(model, data, steps, derive_seed(seed, stage), parameters=part.parameters())

@@ -5,6 +5,7 @@ target's unlabeled inputs pooled once, each step's target batch encoded by the
 current encoder, Ganin et al.'s lambda ramp and lr annealing), with FedMMD's
 loss object and kernel parameters.
 """
+
 from __future__ import annotations
 
 from fedsim.losses import DomainLoss, MMDLoss

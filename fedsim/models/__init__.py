@@ -5,6 +5,7 @@ model; ``"auto"`` chooses ``cnn`` for C x H x W inputs and ``mlp`` for vectors. 
 files are imported on demand by the registry (the detector, which needs
 torchvision, only by the detection methods).
 """
+
 from __future__ import annotations
 
 from fedsim.errors import UserError
@@ -20,7 +21,9 @@ def build_model(model_config, input_shape: tuple[int, ...], num_classes: int) ->
         elif len(input_shape) == 1:
             name = "mlp"
         else:
-            raise UserError(f"no model for inputs of shape {tuple(input_shape)}: give N x D features or N x C x H x W images")
+            raise UserError(
+                f"no model for inputs of shape {tuple(input_shape)}: give N x D features or N x C x H x W images"
+            )
     factory = MODELS.get(name)
     return factory(input_shape=tuple(input_shape), num_classes=num_classes, hidden=model_config.hidden)
 

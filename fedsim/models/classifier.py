@@ -1,4 +1,5 @@
 """An encoder followed by a linear head: the split methods such as FedRep, FADA and FedBN rely on."""
+
 from __future__ import annotations
 
 from torch import nn

@@ -1,4 +1,5 @@
 """A small CNN for C x H x W images (two 5x5 conv blocks with batch norm, sized for 2 CPU cores)."""
+
 from __future__ import annotations
 
 from torch import nn

@@ -19,6 +19,7 @@ The explicit split the federated methods need, without forward hooks:
 Inputs are float images in [0, 1] of one fixed size (``N x 3 x S x S``), normalized
 inside (mean 0.5, std 0.25); no resizing.
 """
+
 from __future__ import annotations
 
 from collections import OrderedDict
@@ -63,11 +64,15 @@ class DetectorSpec:
 
     def __post_init__(self):
         if self.image_size % 32:
-            raise UserError(f"detector input size must be a multiple of 32, got {self.image_size}: resize the images (data.variant)")
+            raise UserError(
+                f"detector input size must be a multiple of 32, got {self.image_size}: resize the images (data.variant)"
+            )
         if self.fpn_channels % 8:
             raise UserError(f"method.fpn_channels must be a multiple of 8 (group norm), got {self.fpn_channels}")
         if self.width < 4 or self.head_convs < 1:
-            raise UserError(f"method.width must be at least 4 and method.head_convs at least 1, got {self.width} and {self.head_convs}")
+            raise UserError(
+                f"method.width must be at least 4 and method.head_convs at least 1, got {self.width} and {self.head_convs}"
+            )
 
 
 def _conv(cin: int, cout: int, stride: int) -> list[nn.Module]:
@@ -112,11 +117,22 @@ class Detector(FCOS):
     def __init__(self, spec: DetectorSpec):
         body = Body(spec.width, spec.fpn_channels)
         head = Head(spec.fpn_channels, spec.num_classes, spec.head_convs)
-        anchors = AnchorGenerator(tuple((s,) for s in STRIDES), ((1.0,),) * len(STRIDES))  # one point per location, size = stride
+        anchors = AnchorGenerator(
+            tuple((s,) for s in STRIDES), ((1.0,),) * len(STRIDES)
+        )  # one point per location, size = stride
         super().__init__(
-            body, spec.num_classes, min_size=spec.image_size, max_size=spec.image_size, image_mean=[MEAN] * 3, image_std=[STD] * 3,
-            anchor_generator=anchors, head=head, score_thresh=spec.score_thresh, nms_thresh=spec.nms_thresh,
-            detections_per_img=spec.detections_per_img, topk_candidates=200,
+            body,
+            spec.num_classes,
+            min_size=spec.image_size,
+            max_size=spec.image_size,
+            image_mean=[MEAN] * 3,
+            image_std=[STD] * 3,
+            anchor_generator=anchors,
+            head=head,
+            score_thresh=spec.score_thresh,
+            nms_thresh=spec.nms_thresh,
+            detections_per_img=spec.detections_per_img,
+            topk_candidates=200,
         )
         self.spec = spec
 
@@ -136,7 +152,8 @@ class Detector(FCOS):
         out = {"features": features, "flat": flat, "counts": counts, "image_list": image_list}
         for key in ("cls_logits", "bbox_regression", "bbox_ctrness"):
             out[key] = [
-                part.reshape(part.shape[0], h, w, -1).permute(0, 3, 1, 2) for part, (h, w) in zip(flat[key].split(counts, dim=1), sizes)
+                part.reshape(part.shape[0], h, w, -1).permute(0, 3, 1, 2)
+                for part, (h, w) in zip(flat[key].split(counts, dim=1), sizes)
             ]
         return out
 
@@ -175,7 +192,9 @@ def save_weights(model: nn.Module, path) -> Path:
 def load_weights(model: nn.Module, path) -> None:
     path = Path(str(path)).expanduser()
     if not path.is_file():
-        raise UserError(f"detector weights file {str(path)!r} does not exist: give a .npz written by save_weights or a torch state_dict file")
+        raise UserError(
+            f"detector weights file {str(path)!r} does not exist: give a .npz written by save_weights or a torch state_dict file"
+        )
     try:
         if path.suffix == ".npz":
             with np.load(path, allow_pickle=False) as npz:
@@ -186,7 +205,9 @@ def load_weights(model: nn.Module, path) -> None:
         model.load_state_dict(state, strict=True)
     except (RuntimeError, ValueError, OSError, KeyError, AttributeError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise UserError(f"detector weights file {str(path)!r} does not fit this detector ({first[:200]}): use weights saved with the same width, fpn_channels, head_convs and classes") from None
+        raise UserError(
+            f"detector weights file {str(path)!r} does not fit this detector ({first[:200]}): use weights saved with the same width, fpn_channels, head_convs and classes"
+        ) from None
 
 
 def build_detector(spec: DetectorSpec, seed: Optional[int] = None) -> Detector:

@@ -13,6 +13,7 @@ parts), the MINE statistics network T (scores pairs of invariant and specific
 features) and the domain identifier DI (source vs target features), the
 :class:`fedsim.losses.DomainDiscriminator` MLP.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -63,7 +64,12 @@ def preserved_buffers(model: nn.Module) -> Iterator[None]:
 
 
 def follow_feature_gradient(
-    net: FADANet, inputs: np.ndarray, gradient: torch.Tensor, optimizer: torch.optim.Optimizer, chunk: int, device: torch.device
+    net: FADANet,
+    inputs: np.ndarray,
+    gradient: torch.Tensor,
+    optimizer: torch.optim.Optimizer,
+    chunk: int,
+    device: torch.device,
 ) -> None:
     """One ``optimizer`` step of G along ``gradient`` = dL/dG(inputs), in training mode.
 
@@ -79,8 +85,14 @@ def follow_feature_gradient(
 
 
 def align_generator(
-    net: FADANet, x: np.ndarray, gradients: Mapping[str, np.ndarray], count: int, seed: int, optimizer: torch.optim.Optimizer,
-    chunk: int, device: torch.device,
+    net: FADANet,
+    x: np.ndarray,
+    gradients: Mapping[str, np.ndarray],
+    count: int,
+    seed: int,
+    optimizer: torch.optim.Optimizer,
+    chunk: int,
+    device: torch.device,
 ) -> float:
     """The target's G_t step: the mean of the sources' ``gradients`` (by client id) w.r.t. the features of the
     ``count`` seeded rows of ``x`` (drawn as ``encode_subset`` draws them), followed with the batch statistics
@@ -111,17 +123,23 @@ def build_fada_net(base: Classifier, input_shape: tuple[int, ...]) -> FADANet:
 class SourceParts(nn.Module):
     """The private modules of one source client (Peng et al. 2020, Sec. 3.2-3.3)."""
 
-    def __init__(self, width: int, num_classes: int, hidden: int = 128, identifier_hidden: int = 256, identifier_layers: int = 2):
+    def __init__(
+        self, width: int, num_classes: int, hidden: int = 128, identifier_hidden: int = 256, identifier_layers: int = 2
+    ):
         super().__init__()
         if min(width, num_classes, hidden, identifier_hidden) <= 0 or identifier_layers < 0:
-            raise ValueError(f"SourceParts needs positive sizes, got width={width}, classes={num_classes}, hidden={hidden}")
+            raise ValueError(
+                f"SourceParts needs positive sizes, got width={width}, classes={num_classes}, hidden={hidden}"
+            )
         self.specific = branch(width, width)  # D's domain-specific branch
         self.class_identifier = mlp(width, hidden, num_classes)  # CI
         self.reconstructor = nn.Linear(2 * width, width)  # R
         self.statistics = mlp(2 * width, hidden, 1)  # MINE's T(f_di, f_ds)
         self.domain_identifier = DomainDiscriminator(width, identifier_hidden, identifier_layers)  # DI
 
-    def mine_scores(self, invariant: torch.Tensor, specific: torch.Tensor, permutation: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def mine_scores(
+        self, invariant: torch.Tensor, specific: torch.Tensor, permutation: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """T on the joint pairs and on pairs with the specific part shuffled (product of the marginals)."""
         joint = self.statistics(torch.cat([invariant, specific], dim=1)).squeeze(-1)
         marginal = self.statistics(torch.cat([invariant, specific[permutation]], dim=1)).squeeze(-1)

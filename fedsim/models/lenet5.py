@@ -1,4 +1,5 @@
 """LeNet-5 (LeCun et al. 1998), the model of the ``fedavg-lenet-10`` overhead job."""
+
 from __future__ import annotations
 
 from torch import nn

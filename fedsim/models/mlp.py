@@ -1,4 +1,5 @@
 """A two-layer perceptron for feature vectors (Office-Caltech DeCAF features, TEP sensors, ...)."""
+
 from __future__ import annotations
 
 from torch import nn

@@ -11,6 +11,7 @@ Wasserstein Barycenters", Alg. 2 with uniform support weights; POT's
 Plans are detached; the result is differentiable w.r.t. the atoms and alpha
 through the final update, which is what DaDiL's gradient step needs.
 """
+
 from __future__ import annotations
 
 import torch
@@ -24,16 +25,20 @@ def _check_atoms(atoms_x, atoms_y, alpha):
     for k, x in enumerate(atoms_x):
         check_samples(x, f"atoms_x[{k}]")
         if x.shape[1] != atoms_x[0].shape[1]:
-            raise ValueError(f"feature dimensions differ: atoms_x[{k}] has {x.shape[1]} columns, "
-                             f"atoms_x[0] has {atoms_x[0].shape[1]}")
+            raise ValueError(
+                f"feature dimensions differ: atoms_x[{k}] has {x.shape[1]} columns, "
+                f"atoms_x[0] has {atoms_x[0].shape[1]}"
+            )
     if atoms_y is not None:
         if len(atoms_y) != len(atoms_x):
             raise ValueError(f"got {len(atoms_x)} feature atoms but {len(atoms_y)} label atoms")
         for k, (x, y) in enumerate(zip(atoms_x, atoms_y)):
             check_samples(y, f"atoms_y[{k}]")
             if y.shape[0] != x.shape[0] or y.shape[1] != atoms_y[0].shape[1]:
-                raise ValueError(f"atoms_y[{k}] has shape {tuple(y.shape)}; expected "
-                                 f"({x.shape[0]}, {atoms_y[0].shape[1]}) to match atoms_x[{k}] and atoms_y[0]")
+                raise ValueError(
+                    f"atoms_y[{k}] has shape {tuple(y.shape)}; expected "
+                    f"({x.shape[0]}, {atoms_y[0].shape[1]}) to match atoms_x[{k}] and atoms_y[0]"
+                )
     if not isinstance(alpha, torch.Tensor) or alpha.dim() != 1 or alpha.shape[0] != len(atoms_x):
         shape = tuple(alpha.shape) if isinstance(alpha, torch.Tensor) else type(alpha).__name__
         raise ValueError(f"alpha must be a 1-D tensor with one weight per atom ({len(atoms_x)}), got {shape}")
@@ -48,11 +53,16 @@ def _initial_support(atoms_x, atoms_y, n_support, init):
         if xb.shape[1] != atoms_x[0].shape[1]:
             raise ValueError(f"init has {xb.shape[1]} feature columns, atoms have {atoms_x[0].shape[1]}")
         if atoms_y is not None and yb is None:
-            yb = torch.full((xb.shape[0], atoms_y[0].shape[1]), 1.0 / atoms_y[0].shape[1],
-                            dtype=atoms_y[0].dtype, device=atoms_y[0].device)
+            yb = torch.full(
+                (xb.shape[0], atoms_y[0].shape[1]),
+                1.0 / atoms_y[0].shape[1],
+                dtype=atoms_y[0].dtype,
+                device=atoms_y[0].device,
+            )
         if yb is not None and atoms_y is not None and tuple(yb.shape) != (xb.shape[0], atoms_y[0].shape[1]):
-            raise ValueError(f"init labels have shape {tuple(yb.shape)}, expected "
-                             f"({xb.shape[0]}, {atoms_y[0].shape[1]})")
+            raise ValueError(
+                f"init labels have shape {tuple(yb.shape)}, expected ({xb.shape[0]}, {atoms_y[0].shape[1]})"
+            )
         return xb.detach(), (yb.detach() if atoms_y is not None else None)
     n0 = atoms_x[0].shape[0]
     n_b = n0 if n_support is None else int(n_support)
@@ -63,9 +73,18 @@ def _initial_support(atoms_x, atoms_y, n_support, init):
     return atoms_x[0].detach()[idx], yb
 
 
-def labeled_barycenter(atoms_x, atoms_y, alpha: torch.Tensor, n_support=None, n_iter: int = 10,
-                       tol: float = 1e-6, beta: float = 1.0, solver: str = "emd", reg: float = 0.01,
-                       init=None):
+def labeled_barycenter(
+    atoms_x,
+    atoms_y,
+    alpha: torch.Tensor,
+    n_support=None,
+    n_iter: int = 10,
+    tol: float = 1e-6,
+    beta: float = 1.0,
+    solver: str = "emd",
+    reg: float = 0.01,
+    init=None,
+):
     """Free-support barycenter B(alpha; atoms) of labeled empirical distributions.
 
     ``atoms_x[k]`` (n_k, d) and ``atoms_y[k]`` (n_k, c) carry uniform weights;
@@ -96,8 +115,15 @@ def labeled_barycenter(atoms_x, atoms_y, alpha: torch.Tensor, n_support=None, n_
 def _plans(xb, yb, atoms_x, atoms_y, beta, solver, reg) -> list:
     """Row-stochastic plans n_B * pi_k between the current support and every atom (detached)."""
     n_b = xb.shape[0]
-    return [n_b * transport_plan(joint_cost(xb, xk.detach(), yb, None if atoms_y is None else atoms_y[k].detach(), beta),
-                                 solver=solver, reg=reg) for k, xk in enumerate(atoms_x)]
+    return [
+        n_b
+        * transport_plan(
+            joint_cost(xb, xk.detach(), yb, None if atoms_y is None else atoms_y[k].detach(), beta),
+            solver=solver,
+            reg=reg,
+        )
+        for k, xk in enumerate(atoms_x)
+    ]
 
 
 def _apply(plans, atoms_x, atoms_y, alpha):

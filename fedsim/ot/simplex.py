@@ -5,6 +5,7 @@ Sort-based algorithm of Duchi, Shalev-Shwartz, Singer & Chandra (ICML 2008),
 DaDiL (Montesuma et al., 2023) uses it to keep the barycentric coordinates
 alpha in the K-simplex after each gradient step (projected gradient descent).
 """
+
 from __future__ import annotations
 
 import torch

@@ -10,6 +10,7 @@ transport plan is solved by POT (``ot.emd`` / ``ot.sinkhorn``) on a detached
 cost; the value <pi*, C> stays differentiable in the samples, which by the
 envelope theorem is a (sub)gradient of W_2^2 -- the way DaDiL optimizes atoms.
 """
+
 from __future__ import annotations
 
 import ot
@@ -93,8 +94,15 @@ def joint_cost(xs: torch.Tensor, xt: torch.Tensor, ys=None, yt=None, beta: float
     return cost
 
 
-def transport_plan(cost: torch.Tensor, a=None, b=None, solver: str = "emd", reg: float = 0.01,
-                   normalize_cost: bool = True, max_iter: int = 1000) -> torch.Tensor:
+def transport_plan(
+    cost: torch.Tensor,
+    a=None,
+    b=None,
+    solver: str = "emd",
+    reg: float = 0.01,
+    normalize_cost: bool = True,
+    max_iter: int = 1000,
+) -> torch.Tensor:
     """Optimal plan for ``cost`` between weights a, b (uniform by default), without gradient.
 
     "emd": exact network simplex (``ot.emd``); with uniform weights on two equal-sized supports (both ``a`` and
@@ -138,9 +146,19 @@ def assignment_plan(cost: torch.Tensor) -> torch.Tensor:
     return plan
 
 
-def wasserstein_distance(xs: torch.Tensor, xt: torch.Tensor, ys=None, yt=None, a=None, b=None,
-                         beta: float = 1.0, solver: str = "emd", reg: float = 0.01,
-                         normalize_cost: bool = True, max_iter: int = 1000) -> torch.Tensor:
+def wasserstein_distance(
+    xs: torch.Tensor,
+    xt: torch.Tensor,
+    ys=None,
+    yt=None,
+    a=None,
+    b=None,
+    beta: float = 1.0,
+    solver: str = "emd",
+    reg: float = 0.01,
+    normalize_cost: bool = True,
+    max_iter: int = 1000,
+) -> torch.Tensor:
     """Squared 2-Wasserstein distance W_2^2 between two (labeled) empirical distributions.
 
     Value <pi*, C> (DaDiL, Eqs. 3-4) with C = ``joint_cost(xs, xt, ys, yt, beta)``

@@ -2,6 +2,7 @@
 
 A callback sees every round's metrics; ``on_round_end`` returning True stops the run.
 """
+
 from __future__ import annotations
 
 import json
@@ -98,7 +99,9 @@ class ProgressBar(Callback):
     def on_run_start(self, simulator) -> None:
         from tqdm.auto import tqdm
 
-        self.bar = tqdm(total=self.total, desc=self.description, unit="round", dynamic_ncols=True, initial=len(simulator.history))
+        self.bar = tqdm(
+            total=self.total, desc=self.description, unit="round", dynamic_ncols=True, initial=len(simulator.history)
+        )
 
     def on_round_end(self, simulator, metrics: dict) -> None:
         shown = {}
@@ -144,6 +147,11 @@ class EarlyStopping(Callback):
             return None
         self.waited += 1
         if self.waited >= self.patience:
-            log.info("early stop at round %s: %s did not improve for %d rounds", metrics["round"], self.monitor, self.patience)
+            log.info(
+                "early stop at round %s: %s did not improve for %d rounds",
+                metrics["round"],
+                self.monitor,
+                self.patience,
+            )
             return True
         return None

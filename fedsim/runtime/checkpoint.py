@@ -5,6 +5,7 @@ caches left out), the metrics so far, the callbacks' state and the global RNG
 states. It is written atomically (temporary file, fsync, rename), so a run
 killed at any moment leaves either the previous or the new checkpoint.
 """
+
 from __future__ import annotations
 
 import pickle
@@ -52,12 +53,18 @@ def load_checkpoint(run_dir: Path) -> dict:
         raise UserError(f"--resume {run_dir}: this run already finished (summary.json exists)")
     path = run_dir / CHECKPOINT_FILE
     if not path.exists():
-        raise UserError(f"--resume {run_dir}: no {CHECKPOINT_FILE} (the run stopped before its first checkpoint; start it again)")
+        raise UserError(
+            f"--resume {run_dir}: no {CHECKPOINT_FILE} (the run stopped before its first checkpoint; start it again)"
+        )
     try:
         with path.open("rb") as fh:
             payload = pickle.load(fh)
     except Exception as exc:  # a truncated or foreign file
-        raise UserError(f"--resume {run_dir}: {CHECKPOINT_FILE} is unreadable ({type(exc).__name__}); start the run again") from None
+        raise UserError(
+            f"--resume {run_dir}: {CHECKPOINT_FILE} is unreadable ({type(exc).__name__}); start the run again"
+        ) from None
     if payload.get("format") != FORMAT:
-        raise UserError(f"--resume {run_dir}: checkpoint format {payload.get('format')} is not supported by this version")
+        raise UserError(
+            f"--resume {run_dir}: checkpoint format {payload.get('format')} is not supported by this version"
+        )
     return payload

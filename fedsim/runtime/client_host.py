@@ -4,6 +4,7 @@ It builds each hosted client's data itself from (benchmark config, client id),
 keeps each client's private state, and runs the method's named operations.
 Only Replies leave it: never inputs, labels, or private state.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -77,7 +78,9 @@ class ClientHost:
         with torch_threads(self.threads):
             reply, self._state[client_id] = operation(instruction, self._state[client_id], data)
         if not isinstance(reply, Reply) or reply.client_id != client_id:
-            raise TypeError(f"{type(self.method).__name__}.{instruction.operation} must return Reply(client_id={client_id}, ...)")
+            raise TypeError(
+                f"{type(self.method).__name__}.{instruction.operation} must return Reply(client_id={client_id}, ...)"
+            )
         return reply
 
     def _standardization(self, client_id: int, data: ClientData, instruction: Instruction) -> Reply:

@@ -8,6 +8,7 @@ the executor (serially, or on Ray actors), and counts the bytes of what crossed
 the wire. It behaves the same on every backend, so a method never sees which one
 it runs on.
 """
+
 from __future__ import annotations
 
 from typing import Any, Callable, Iterable, Mapping, Optional, Union

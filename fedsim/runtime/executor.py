@@ -8,6 +8,7 @@ go through :class:`fedsim.runtime.context.RoundContext`. ``replay=True`` marks a
 setup exchange (data standardization) that a backend must redo on a client
 process it recreates.
 """
+
 from __future__ import annotations
 
 from abc import ABC, abstractmethod

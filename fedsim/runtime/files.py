@@ -1,4 +1,5 @@
 """All-or-nothing file writes for run directories (a killed run never leaves half a file)."""
+
 from __future__ import annotations
 
 import os

@@ -1,4 +1,5 @@
 """Server: holds the method's global state, runs its setup and rounds through a RoundContext, evaluates."""
+
 from __future__ import annotations
 
 import contextlib
@@ -26,7 +27,7 @@ def summarize_evaluation(federation: Federation, replies: dict[int, Reply]) -> d
     A method reporting several predictors sends ``correct_<name>`` next to
     ``correct``; they become ``target_accuracy_<name>`` and ``source_accuracy_<name>``.
     """
-    variants = sorted({k[len("correct_"):] for r in replies.values() for k in r.metrics if k.startswith("correct_")})
+    variants = sorted({k[len("correct_") :] for r in replies.values() for k in r.metrics if k.startswith("correct_")})
     metrics: dict = {}
     for suffix in [""] + [f"_{v}" for v in variants]:
         correct: dict[str, float] = {}
@@ -47,7 +48,13 @@ def summarize_evaluation(federation: Federation, replies: dict[int, Reply]) -> d
 
 #: what the Simulator calls on a server, wherever it runs (a Server here, a Ray actor behind a forwarding proxy)
 SERVER_HANDLE_METHODS = (
-    "setup", "run_round", "global_tensors", "export_state", "restore_state", "export_client_states", "import_client_states",
+    "setup",
+    "run_round",
+    "global_tensors",
+    "export_state",
+    "restore_state",
+    "export_client_states",
+    "import_client_states",
 )
 
 

@@ -4,6 +4,7 @@ Run directory layout: ``config.yaml`` (resolved), ``metrics.jsonl`` (one
 object per round), ``tb/`` (TensorBoard), ``summary.json`` (written last and
 atomically: its presence means the run finished).
 """
+
 from __future__ import annotations
 
 import json
@@ -109,7 +110,9 @@ class Simulator:
 
     def summary(self, wall_seconds: float) -> dict:
         last_evaluated = next(m for m in reversed(self.history) if m.get("evaluated"))
-        extra = {k: v for k, v in last_evaluated.items() if k.startswith(("target_accuracy_", "source_accuracy_", "final_"))}
+        extra = {
+            k: v for k, v in last_evaluated.items() if k.startswith(("target_accuracy_", "source_accuracy_", "final_"))
+        }
         return {
             **extra,
             "method": self.config.method.name,

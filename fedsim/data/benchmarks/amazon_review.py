@@ -18,6 +18,7 @@ label from ``data.seed`` (then ``data.max_train_per_domain``), as Office-Caltech
 is. The whole release is about 28,000 documents: a domain takes ~30 MB sparse on
 disk and up to ~150 MB as dense float32 in each process that hosts one of its clients.
 """
+
 from __future__ import annotations
 
 import logging
@@ -39,7 +40,9 @@ DOMAINS: tuple[str, ...] = ("books", "dvd", "electronics", "kitchen")
 NUM_CLASSES = 2
 MAT_FILE = "amazon.mat"
 VARIANTS = ("default", "binary", "log1p")
-_WHAT = "amazon.mat (xx, yy, offset: the mSDA release) or books.npz, dvd.npz, electronics.npz, kitchen.npz (arrays x, y)"
+_WHAT = (
+    "amazon.mat (xx, yy, offset: the mSDA release) or books.npz, dvd.npz, electronics.npz, kitchen.npz (arrays x, y)"
+)
 
 
 def binary_labels(path: Path, key: str, y) -> np.ndarray:
@@ -60,7 +63,9 @@ def _as_documents(path: Path, xx, n: int):
     if scipy.sparse.issparse(xx):
         matrix = xx.tocsr() if xx.shape[0] == n else xx.T.tocsr()
         if matrix.shape[0] != n:
-            raise UserError(f"{path}: 'xx' has shape {xx.shape} but 'yy' has {n} labels: one dimension of xx must match")
+            raise UserError(
+                f"{path}: 'xx' has shape {xx.shape} but 'yy' has {n} labels: one dimension of xx must match"
+            )
         if not np.issubdtype(matrix.dtype, np.number) or np.iscomplexobj(matrix.data):
             raise UserError(f"{path}: 'xx' has dtype {matrix.dtype}: it must hold word counts")
         if not np.all(np.isfinite(matrix.data)):
@@ -70,7 +75,9 @@ def _as_documents(path: Path, xx, n: int):
     if dense.ndim == 2 and dense.shape[0] != n and dense.shape[1] == n:
         dense = dense.T
     if dense.ndim != 2 or dense.shape[0] != n:
-        raise UserError(f"{path}: 'xx' has shape {np.shape(xx)} but 'yy' has {n} labels: one dimension of xx must match")
+        raise UserError(
+            f"{path}: 'xx' has shape {np.shape(xx)} but 'yy' has {n} labels: one dimension of xx must match"
+        )
     return check_features(path, "xx", dense)
 
 
@@ -137,7 +144,9 @@ class AmazonReviewBenchmark(Benchmark):
             variables = read_mat(path, expected)
             missing = [k for k in ("xx", "yy", "offset") if k not in variables]
             if missing:
-                raise UserError(f"{path} lacks {', '.join(missing)} (found: {', '.join(sorted(variables)) or 'none'}): expected {expected}")
+                raise UserError(
+                    f"{path} lacks {', '.join(missing)} (found: {', '.join(sorted(variables)) or 'none'}): expected {expected}"
+                )
             y = binary_labels(path, "yy", variables["yy"])
             matrix = _as_documents(path, variables["xx"], len(y))
             for domain, (start, end) in zip(DOMAINS, _offsets(path, variables["offset"], len(y))):
@@ -155,10 +164,14 @@ class AmazonReviewBenchmark(Benchmark):
             dims = {d: x.shape[1] for d, (x, _, _) in documents.items()}
             if len(set(dims.values())) > 1:
                 listing = ", ".join(f"{d}.npz: {n}" for d, n in dims.items())
-                raise UserError(f"amazon_review: the domain files have different vocabularies ({listing}): use one bag-of-words release")
+                raise UserError(
+                    f"amazon_review: the domain files have different vocabularies ({listing}): use one bag-of-words release"
+                )
         for domain, (x, y, path) in documents.items():
             if len(y) < 2:
-                raise UserError(f"{path}: domain {domain} has {len(y)} document(s): a domain needs at least 2 (train and test)")
+                raise UserError(
+                    f"{path}: domain {domain} has {len(y)} document(s): a domain needs at least 2 (train and test)"
+                )
         logger.info("amazon_review: %s", ", ".join(f"{d} {len(y)}" for d, (_, y, _) in documents.items()))
         self._documents = documents
         return documents

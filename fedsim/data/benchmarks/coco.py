@@ -16,6 +16,7 @@ name order), so a class may be absent from some domains. Images are resized to S
 (``iscrowd = 1``) are dropped. The domain named ``server`` holds the FedOD server's data.
 Every problem (missing file, bad box, unknown category) is one line naming the file.
 """
+
 from __future__ import annotations
 
 import json
@@ -41,26 +42,46 @@ _KEY_SPLIT = 7
 _KEY_SUBSAMPLE = 8
 
 
-def write_coco_domain(folder, images: Mapping[str, np.ndarray], annotations: Mapping[str, Annotations], class_names: Sequence[str]) -> Path:
+def write_coco_domain(
+    folder, images: Mapping[str, np.ndarray], annotations: Mapping[str, Annotations], class_names: Sequence[str]
+) -> Path:
     """Write uint8 images (N, 3, H, W) per split and their boxes as one COCO file + PNGs; returns the JSON path."""
     from PIL import Image
 
     folder = Path(folder)
     (folder / IMAGES).mkdir(parents=True, exist_ok=True)
-    coco = {"images": [], "annotations": [], "categories": [{"id": i + 1, "name": n} for i, n in enumerate(class_names)]}
+    coco = {
+        "images": [],
+        "annotations": [],
+        "categories": [{"id": i + 1, "name": n} for i, n in enumerate(class_names)],
+    }
     for split, array in images.items():
         per_image = annotations[split].per_image()
         for index, (img, (boxes, labels)) in enumerate(zip(array, per_image)):
             image_id = len(coco["images"]) + 1
             name = f"{split}_{index:05d}.png"
             Image.fromarray(np.ascontiguousarray(img.transpose(1, 2, 0)), mode="RGB").save(folder / IMAGES / name)
-            coco["images"].append({"id": image_id, "file_name": name, "width": int(img.shape[2]), "height": int(img.shape[1]), "split": split})
+            coco["images"].append(
+                {
+                    "id": image_id,
+                    "file_name": name,
+                    "width": int(img.shape[2]),
+                    "height": int(img.shape[1]),
+                    "split": split,
+                }
+            )
             for box, label in zip(boxes, labels):
                 x1, y1, x2, y2 = (float(v) for v in box)
-                coco["annotations"].append({
-                    "id": len(coco["annotations"]) + 1, "image_id": image_id, "category_id": int(label) + 1,
-                    "bbox": [x1, y1, x2 - x1, y2 - y1], "area": (x2 - x1) * (y2 - y1), "iscrowd": 0,
-                })
+                coco["annotations"].append(
+                    {
+                        "id": len(coco["annotations"]) + 1,
+                        "image_id": image_id,
+                        "category_id": int(label) + 1,
+                        "bbox": [x1, y1, x2 - x1, y2 - y1],
+                        "area": (x2 - x1) * (y2 - y1),
+                        "iscrowd": 0,
+                    }
+                )
     path = folder / ANNOTATIONS
     path.write_text(json.dumps(coco))
     return path
@@ -70,8 +91,12 @@ def _read_json(path: Path) -> dict:
     try:
         data = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise UserError(f"{path} is not a readable COCO JSON file ({type(exc).__name__}: {str(exc).splitlines()[0]}): fix or re-export it") from None
-    if not isinstance(data, dict) or not all(isinstance(data.get(k), list) for k in ("images", "annotations", "categories")):
+        raise UserError(
+            f"{path} is not a readable COCO JSON file ({type(exc).__name__}: {str(exc).splitlines()[0]}): fix or re-export it"
+        ) from None
+    if not isinstance(data, dict) or not all(
+        isinstance(data.get(k), list) for k in ("images", "annotations", "categories")
+    ):
         raise UserError(f"{path} must be a COCO detection file with lists 'images', 'annotations' and 'categories'")
     return data
 
@@ -84,7 +109,9 @@ def parse_size(variant: str) -> int:
     except ValueError:
         size = 0
     if size < 32 or size % 32:
-        raise UserError(f"data.variant {variant!r} of benchmark 'coco' must be 'default' (128) or an image size, a multiple of 32 such as 256")
+        raise UserError(
+            f"data.variant {variant!r} of benchmark 'coco' must be 'default' (128) or an image size, a multiple of 32 such as 256"
+        )
     return size
 
 
@@ -107,24 +134,32 @@ class CocoBenchmark(Benchmark):
     def _root(self) -> Path:
         root = self.config.root
         if root is None or str(root).strip() == "":
-            raise UserError("the coco benchmark needs a folder with one subfolder per domain: pass --set data.root=DIR (DIR/<domain>/annotations.json + images/)")
+            raise UserError(
+                "the coco benchmark needs a folder with one subfolder per domain: pass --set data.root=DIR (DIR/<domain>/annotations.json + images/)"
+            )
         path = Path(root).expanduser()
         if not path.is_dir():
-            raise UserError(f"data.root {str(path)!r} is not a folder: create it with one subfolder per domain, each holding annotations.json and images/")
+            raise UserError(
+                f"data.root {str(path)!r} is not a folder: create it with one subfolder per domain, each holding annotations.json and images/"
+            )
         return path
 
     def domains(self) -> list[str]:
         root = self._root()
         names = sorted(p.name for p in root.iterdir() if p.is_dir() and (p / ANNOTATIONS).is_file())
         if not names:
-            raise UserError(f"no domain folders in {root}: put one folder per domain there, each with annotations.json (COCO) and images/")
+            raise UserError(
+                f"no domain folders in {root}: put one folder per domain there, each with annotations.json (COCO) and images/"
+            )
         return names
 
     def _coco(self, domain: str) -> dict:
         if domain not in self._json:
             path = self._root() / domain / ANNOTATIONS
             if not path.is_file():
-                raise UserError(f"{path} does not exist: domains are {', '.join(self.domains())}; each needs annotations.json and images/")
+                raise UserError(
+                    f"{path} does not exist: domains are {', '.join(self.domains())}; each needs annotations.json and images/"
+                )
             self._json[domain] = _read_json(path)
         return self._json[domain]
 
@@ -136,19 +171,25 @@ class CocoBenchmark(Benchmark):
                 categories = self._coco(domain)["categories"]
                 for cat in categories:
                     if not isinstance(cat, dict) or "id" not in cat or "name" not in cat:
-                        raise UserError(f"{self._root() / domain / ANNOTATIONS}: every category needs an 'id' and a 'name', got {cat!r}")
+                        raise UserError(
+                            f"{self._root() / domain / ANNOTATIONS}: every category needs an 'id' and a 'name', got {cat!r}"
+                        )
                 for cat in sorted(categories, key=lambda c: int(c["id"])):
                     if str(cat["name"]) not in names:
                         names.append(str(cat["name"]))
             if not names:
-                raise UserError(f"no categories in the annotations.json files under {self._root()}: list them under 'categories'")
+                raise UserError(
+                    f"no categories in the annotations.json files under {self._root()}: list them under 'categories'"
+                )
             self._classes = tuple(names)
         return self._classes
 
     def build_domain(self, domain: str) -> DetectionDomain:
         """One domain's images resized to S x S with their boxes, split by the records' ``split`` or 80/20."""
         if domain not in self.domains():
-            raise UserError(f"unknown domain {domain!r} for benchmark 'coco' in {self._root()}: choose one of {', '.join(self.domains())}")
+            raise UserError(
+                f"unknown domain {domain!r} for benchmark 'coco' in {self._root()}: choose one of {', '.join(self.domains())}"
+            )
         size = parse_size(self.config.variant)
         folder = self._root() / domain
         coco = self._coco(domain)
@@ -160,8 +201,14 @@ class CocoBenchmark(Benchmark):
         train_x, train = arrays["train"]
         test_x, test = arrays["test"]
         return DetectionDomain.from_uint8(
-            domain, train_x, train, test_x, test, classes,
-            subsample_limit=self.config.max_train_per_domain, subsample_rng=rng_for(self.config.seed, _KEY_SUBSAMPLE),
+            domain,
+            train_x,
+            train,
+            test_x,
+            test,
+            classes,
+            subsample_limit=self.config.max_train_per_domain,
+            subsample_rng=rng_for(self.config.seed, _KEY_SUBSAMPLE),
         )
 
 
@@ -179,7 +226,9 @@ def _targets_by_image(path: Path, coco: dict, classes: tuple[str, ...]) -> dict[
         if not isinstance(ann, dict) or not {"image_id", "category_id", "bbox"} <= set(ann):
             raise UserError(f"{where} needs 'image_id', 'category_id' and 'bbox'")
         if int(ann["category_id"]) not in cat_to_class:
-            raise UserError(f"{where} has category_id {ann['category_id']}, which is not under 'categories': add the category or fix the id")
+            raise UserError(
+                f"{where} has category_id {ann['category_id']}, which is not under 'categories': add the category or fix the id"
+            )
         if int(ann["image_id"]) not in known:
             raise UserError(f"{where} refers to image_id {ann['image_id']}, which is not under 'images'")
         if ann.get("iscrowd", 0):
@@ -205,7 +254,9 @@ def _split_records(path: Path, records: list, seed: int) -> dict[str, list]:
         elif split in splits:
             splits[split].append(record)
         else:
-            raise UserError(f"{path}: image {record['id']} has split {split!r}: use 'train' or 'test' (or leave it out)")
+            raise UserError(
+                f"{path}: image {record['id']} has split {split!r}: use 'train' or 'test' (or leave it out)"
+            )
     if unsplit:
         order = rng_for(seed, _KEY_SPLIT).permutation(len(unsplit))
         n_test = int(round(TEST_FRACTION * len(unsplit)))
@@ -214,7 +265,9 @@ def _split_records(path: Path, records: list, seed: int) -> dict[str, list]:
     return splits
 
 
-def _read_split(folder: Path, split: str, records: list, targets: dict, size: int, num_classes: int) -> tuple[np.ndarray, Annotations]:
+def _read_split(
+    folder: Path, split: str, records: list, targets: dict, size: int, num_classes: int
+) -> tuple[np.ndarray, Annotations]:
     """The images of ``records`` as uint8 (N, 3, size, size) and their boxes scaled to that size."""
     from PIL import Image
 
@@ -240,5 +293,7 @@ def _read_split(folder: Path, split: str, records: list, targets: dict, size: in
         split_boxes.append(b.astype(np.float32))
         split_labels.append(lab)
     if not images:
-        raise UserError(f"{path}: no {split} images: mark some images with \"split\": \"{split}\" or remove the 'split' fields")
+        raise UserError(
+            f'{path}: no {split} images: mark some images with "split": "{split}" or remove the \'split\' fields'
+        )
     return np.stack(images), Annotations.from_lists(split_boxes, split_labels)

@@ -21,6 +21,7 @@ evenly over the recording (overlapping when more are asked than fit). Features
 its mean (512 values), or ``raw`` (the 1024 samples). Split 80/20 stratified from
 ``data.seed``; no resampling (the signal is used at the rate it was stored).
 """
+
 from __future__ import annotations
 
 import logging
@@ -41,9 +42,15 @@ logger = logging.getLogger(__name__)
 DOMAINS: tuple[str, ...] = ("0hp", "1hp", "2hp", "3hp")
 CLASSES: tuple[str, ...] = (
     "normal",
-    "ball_007", "ball_014", "ball_021",
-    "inner_007", "inner_014", "inner_021",
-    "outer_007", "outer_014", "outer_021",
+    "ball_007",
+    "ball_014",
+    "ball_021",
+    "inner_007",
+    "inner_014",
+    "inner_021",
+    "outer_007",
+    "outer_014",
+    "outer_021",
 )
 WINDOW = 1024
 FEATURES = ("fft", "raw")
@@ -56,7 +63,7 @@ def parse_name(stem: str) -> Optional[tuple[str, Optional[str]]]:
     for cls in sorted(CLASSES, key=len, reverse=True):
         if stem == cls:
             return cls, None
-        rest = stem[len(cls) + 1:]
+        rest = stem[len(cls) + 1 :]
         if stem.startswith(cls + "_") and rest.isdigit():
             return cls, rest
     return None
@@ -171,7 +178,9 @@ class CWRUBenchmark(Benchmark):
             files[domain] = entries
         classes = [c for c in CLASSES if any(c in entries for entries in files.values())]
         if len(classes) < 2:
-            raise UserError(f"cwru: found {len(classes)} class file(s) under {str(root)!r}: a task needs at least two ({_LAYOUT})")
+            raise UserError(
+                f"cwru: found {len(classes)} class file(s) under {str(root)!r}: a task needs at least two ({_LAYOUT})"
+            )
         for domain, entries in files.items():
             missing = [c for c in classes if c not in entries]
             if missing:
@@ -206,6 +215,12 @@ class CWRUBenchmark(Benchmark):
             xs.append(window_features(signal, starts, WINDOW, kind))
             ys.append(np.full(len(starts), label, dtype=np.int64))
         x, y = np.concatenate(xs), np.concatenate(ys)
-        logger.info("cwru %s: %d windows of %d samples (%s features), %s", domain, len(y), WINDOW, kind,
-                    ", ".join(f"{c} {n}" for c, n in zip(self.classes, np.bincount(y, minlength=len(self.classes)))))
+        logger.info(
+            "cwru %s: %d windows of %d samples (%s features), %s",
+            domain,
+            len(y),
+            WINDOW,
+            kind,
+            ", ".join(f"{c} {n}" for c, n in zip(self.classes, np.bincount(y, minlength=len(self.classes)))),
+        )
         return split_named_domain(domain, x, y, len(self.classes), self.config)

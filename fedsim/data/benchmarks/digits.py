@@ -16,6 +16,7 @@ split 80/20 stratified by label. All randomness comes from ``data.seed`` through
 bits; built domains are cached as uint8 under ``data.cache_dir``. The images are drawn in
 :mod:`fedsim.data.benchmarks.digits_render`.
 """
+
 from __future__ import annotations
 
 import logging
@@ -74,17 +75,29 @@ class DigitsBenchmark(Benchmark):
             "test_x": np.ascontiguousarray(x[test_idx]),
             "test_y": y[test_idx].astype(np.int64),
         }
-        logger.info("built digits domain %s (%d train, %d test) in %.1fs", domain,
-                    len(train_idx), len(test_idx), time.perf_counter() - start)
+        logger.info(
+            "built digits domain %s (%d train, %d test) in %.1fs",
+            domain,
+            len(train_idx),
+            len(test_idx),
+            time.perf_counter() - start,
+        )
         save_arrays(cache_dir, name, arrays)
         return arrays
 
     def build_domain(self, domain: str) -> Domain:
         """One domain as float32 in [0, 1], its training part cut to ``data.max_train_per_domain``."""
         arrays = self.build_arrays(domain)
-        train_x, train_y = limit_train(arrays["train_x"], arrays["train_y"], self.config.max_train_per_domain,
-                                       self.config.seed, KEY_SUBSAMPLE + DOMAIN_KEYS[domain])
-        return feature_domain(domain, to_float(train_x), train_y, to_float(arrays["test_x"]), arrays["test_y"], NUM_CLASSES)
+        train_x, train_y = limit_train(
+            arrays["train_x"],
+            arrays["train_y"],
+            self.config.max_train_per_domain,
+            self.config.seed,
+            KEY_SUBSAMPLE + DOMAIN_KEYS[domain],
+        )
+        return feature_domain(
+            domain, to_float(train_x), train_y, to_float(arrays["test_x"]), arrays["test_y"], NUM_CLASSES
+        )
 
 
 def to_float(x: np.ndarray) -> np.ndarray:

@@ -4,6 +4,7 @@
 the benchmark class, its split and its cache live in :mod:`fedsim.data.benchmarks.digits`,
 whose docstring describes the domains.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -11,7 +12,12 @@ from pathlib import Path
 import numpy as np
 
 from fedsim.data.benchmarks.package_images import (
-    SKLEARN_PHOTOS, luminance, mnist_source, open_rgb, skimage_file, sklearn_photo,
+    SKLEARN_PHOTOS,
+    luminance,
+    mnist_source,
+    open_rgb,
+    skimage_file,
+    sklearn_photo,
 )
 from fedsim.data.benchmarks.splits import rng_for
 from fedsim.errors import UserError
@@ -27,11 +33,25 @@ KEY_MNIST_HALVES = 100
 SKIMAGE_PHOTOS = ("astronaut.png", "chelsea.png", "coffee.png", "rocket.jpg", "motorcycle_left.png", "ihc.png")
 # ... and fonts shipped by matplotlib that contain the ten digit glyphs (checked at run time too).
 FONT_FILES = (
-    "DejaVuSans.ttf", "DejaVuSans-Bold.ttf", "DejaVuSans-Oblique.ttf", "DejaVuSans-BoldOblique.ttf",
-    "DejaVuSansMono.ttf", "DejaVuSansMono-Bold.ttf", "DejaVuSerif.ttf", "DejaVuSerif-Bold.ttf",
-    "DejaVuSerif-Italic.ttf", "DejaVuSerif-BoldItalic.ttf", "STIXGeneral.ttf", "STIXGeneralBol.ttf",
-    "STIXGeneralItalic.ttf", "STIXGeneralBolIta.ttf", "cmr10.ttf", "cmb10.ttf", "cmss10.ttf",
-    "cmtt10.ttf", "cmti10.ttf",
+    "DejaVuSans.ttf",
+    "DejaVuSans-Bold.ttf",
+    "DejaVuSans-Oblique.ttf",
+    "DejaVuSans-BoldOblique.ttf",
+    "DejaVuSansMono.ttf",
+    "DejaVuSansMono-Bold.ttf",
+    "DejaVuSerif.ttf",
+    "DejaVuSerif-Bold.ttf",
+    "DejaVuSerif-Italic.ttf",
+    "DejaVuSerif-BoldItalic.ttf",
+    "STIXGeneral.ttf",
+    "STIXGeneralBol.ttf",
+    "STIXGeneralItalic.ttf",
+    "STIXGeneralBolIta.ttf",
+    "cmr10.ttf",
+    "cmb10.ttf",
+    "cmss10.ttf",
+    "cmtt10.ttf",
+    "cmti10.ttf",
 )
 
 
@@ -122,7 +142,9 @@ def build_usps(seed: int) -> tuple[np.ndarray, np.ndarray]:
     pad = (SIZE - 20) // 2
     for i, img in enumerate(digits.images):
         big = Image.fromarray(img.astype(np.float32), mode="F").resize((20, 20), Image.BILINEAR)
-        out[i, pad:pad + 20, pad:pad + 20] = np.clip(np.rint(np.asarray(big) * (255.0 / 16.0)), 0, 255).astype(np.uint8)
+        out[i, pad : pad + 20, pad : pad + 20] = np.clip(np.rint(np.asarray(big) * (255.0 / 16.0)), 0, 255).astype(
+            np.uint8
+        )
     return grey_to_rgb(out), np.asarray(digits.target, dtype=np.int64)
 
 
@@ -137,7 +159,7 @@ def build_mnistm(seed: int) -> tuple[np.ndarray, np.ndarray]:
         photo = pictures[int(rng.integers(len(pictures)))]
         top = int(rng.integers(photo.shape[0] - SIZE + 1))
         left = int(rng.integers(photo.shape[1] - SIZE + 1))
-        crop = photo[top:top + SIZE, left:left + SIZE].astype(np.int16)
+        crop = photo[top : top + SIZE, left : left + SIZE].astype(np.int16)
         blended = np.abs(crop - images[j].astype(np.int16)[:, :, None])
         out[i] = blended.transpose(2, 0, 1).astype(np.uint8)
     return out, labels[idx]
@@ -148,7 +170,7 @@ def _synth_background(rng: np.random.Generator, xx: np.ndarray, yy: np.ndarray) 
     bg1 = rng.integers(0, 256, 3).astype(np.float32)
     bg2 = np.clip(bg1 + rng.integers(-60, 61, 3), 0, 255).astype(np.float32)
     angle_bg = rng.uniform(0, 2 * np.pi)
-    t = (np.cos(angle_bg) * xx + np.sin(angle_bg) * yy)
+    t = np.cos(angle_bg) * xx + np.sin(angle_bg) * yy
     t = (t - t.min()) / max(float(t.max() - t.min()), 1e-6)
     background = bg1[None, None, :] * (1 - t[:, :, None]) + bg2[None, None, :] * t[:, :, None]
     bg_lum = luminance((bg1 + bg2) / 2)

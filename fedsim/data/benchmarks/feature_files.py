@@ -1,4 +1,5 @@
 """Reading the files a user provides (office_caltech, cwru, amazon_review, npz): one UserError line per problem."""
+
 from __future__ import annotations
 
 import zipfile
@@ -20,7 +21,9 @@ def root_folder(config, benchmark: str, what: str) -> Path:
     """The folder ``data.root``, which must exist and hold ``what``."""
     root = getattr(config, "root", None)
     if root is None or str(root).strip() == "":
-        raise UserError(f"the {benchmark} benchmark reads files you provide: pass --set data.root=DIR, a folder holding {what}")
+        raise UserError(
+            f"the {benchmark} benchmark reads files you provide: pass --set data.root=DIR, a folder holding {what}"
+        )
     path = Path(str(root)).expanduser()
     if not path.is_dir():
         state = "does not exist" if not path.exists() else "is not a folder"
@@ -44,7 +47,9 @@ def read_mat(path: Path, expected: str) -> dict[str, np.ndarray]:
     return {k: v for k, v in raw.items() if not k.startswith("__")}
 
 
-def read_npz(path: Path, expected: str, keys: Optional[Iterable[str]] = None) -> tuple[dict[str, np.ndarray], list[str]]:
+def read_npz(
+    path: Path, expected: str, keys: Optional[Iterable[str]] = None
+) -> tuple[dict[str, np.ndarray], list[str]]:
     """The arrays of an .npz file (only ``keys`` when given) and the names of all it holds."""
     if not zipfile.is_zipfile(path):
         raise UserError(f"cannot read {path}: not a valid .npz file; expected {expected}")

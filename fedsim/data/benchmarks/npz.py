@@ -9,6 +9,7 @@ labels 0..K-1), and optionally ``x_test``/``y_test``; without them the domain is
 then run with ``--benchmark npz --set data.root=domains``. Every file is checked on
 first use and any problem is reported as one line naming the file.
 """
+
 from __future__ import annotations
 
 import logging
@@ -103,10 +104,17 @@ class NpzBenchmark(Benchmark):
             )
         seen = np.unique(np.concatenate([a[k] for a in raw.values() for k in ("y", "y_test") if k in a]))
         if len(seen) < self._num_classes:
-            logger.warning("npz benchmark: labels run 0..%d but only %d distinct labels occur; the missing classes "
-                           "are never seen", self._num_classes - 1, len(seen))
-        logger.info("npz benchmark: %d domains, %d classes, input shape %s", len(raw), self._num_classes,
-                    reference[1] if reference else None)
+            logger.warning(
+                "npz benchmark: labels run 0..%d but only %d distinct labels occur; the missing classes are never seen",
+                self._num_classes - 1,
+                len(seen),
+            )
+        logger.info(
+            "npz benchmark: %d domains, %d classes, input shape %s",
+            len(raw),
+            self._num_classes,
+            reference[1] if reference else None,
+        )
 
     @property
     def num_classes(self) -> int:
@@ -129,7 +137,9 @@ class NpzBenchmark(Benchmark):
         if "x_test" not in arrays:
             return split_named_domain(domain, arrays["x"], arrays["y"], self._num_classes, self.config)
         _, subsample_key = named_streams(domain)
-        train_x, train_y = limit_train(arrays["x"], arrays["y"], self.config.max_train_per_domain, self.config.seed, subsample_key)
+        train_x, train_y = limit_train(
+            arrays["x"], arrays["y"], self.config.max_train_per_domain, self.config.seed, subsample_key
+        )
         return feature_domain(domain, train_x, train_y, arrays["x_test"], arrays["y_test"], self._num_classes)
 
 
@@ -158,7 +168,9 @@ def _read_file(path: Path) -> dict[str, np.ndarray]:
             raise UserError(f"{path} has no array {key!r} (arrays found: {listed}): {_HOW}")
     if ("x_test" in arrays) != ("y_test" in arrays):
         missing = "y_test" if "x_test" in arrays else "x_test"
-        raise UserError(f"{path} has {'x_test' if missing == 'y_test' else 'y_test'} but no {missing}: store both or neither")
+        raise UserError(
+            f"{path} has {'x_test' if missing == 'y_test' else 'y_test'} but no {missing}: store both or neither"
+        )
     out: dict[str, np.ndarray] = {}
     for xk, yk in (("x", "y"), ("x_test", "y_test")):
         if xk not in arrays:
@@ -166,11 +178,15 @@ def _read_file(path: Path) -> dict[str, np.ndarray]:
         x = _check_x(path, xk, arrays[xk])
         y = _check_y(path, yk, arrays[yk])
         if len(x) != len(y):
-            raise UserError(f"{path}: {xk} has {len(x)} samples but {yk} has {len(y)} labels: they must have the same length")
+            raise UserError(
+                f"{path}: {xk} has {len(x)} samples but {yk} has {len(y)} labels: they must have the same length"
+            )
         out[xk], out[yk] = x, y
     if "x_test" in out:
         if len(out["x"]) < 1 or len(out["x_test"]) < 1:
-            raise UserError(f"{path}: x has {len(out['x'])} and x_test {len(out['x_test'])} samples: each needs at least 1")
+            raise UserError(
+                f"{path}: x has {len(out['x'])} and x_test {len(out['x_test'])} samples: each needs at least 1"
+            )
         if out["x"].shape[1:] != out["x_test"].shape[1:]:
             raise UserError(
                 f"{path}: x has samples of shape {out['x'].shape[1:]} but x_test {out['x_test'].shape[1:]}: they must match"

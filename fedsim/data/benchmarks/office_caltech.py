@@ -18,6 +18,7 @@ files of one feature form in one folder and pass it with ``--set data.root=DIR``
 Labels 1..10 are shifted to 0..9. Each domain is split 80/20 stratified by label
 from ``data.seed``; features are returned raw (see :mod:`fedsim.data.normalization`).
 """
+
 from __future__ import annotations
 
 import logging
@@ -28,7 +29,14 @@ from typing import Optional
 import numpy as np
 
 from fedsim.data.base import Benchmark, Domain
-from fedsim.data.benchmarks.feature_files import check_features, check_labels, first_line, read_mat, read_npz, root_folder
+from fedsim.data.benchmarks.feature_files import (
+    check_features,
+    check_labels,
+    first_line,
+    read_mat,
+    read_npz,
+    root_folder,
+)
 from fedsim.data.benchmarks.options import check_domain, choice
 from fedsim.data.benchmarks.splits import split_named_domain
 from fedsim.errors import UserError
@@ -51,11 +59,15 @@ class FeatureForm:
 FORMS: dict[str, FeatureForm] = {
     "decaf": FeatureForm("decaf", "DeCAF6 .mat (feas, labels)", ("{d}_decaf.mat",), (("feas", "labels"),)),
     "resnet50": FeatureForm(
-        "resnet50", "ResNet-50 .npz (x, y) or .csv (features..., label)",
-        ("{d}.npz", "{d}_resnet50.npz", "{d}_{d}.csv"), (("x", "y"),),
+        "resnet50",
+        "ResNet-50 .npz (x, y) or .csv (features..., label)",
+        ("{d}.npz", "{d}_resnet50.npz", "{d}_{d}.csv"),
+        (("x", "y"),),
     ),
     "surf": FeatureForm(
-        "surf", "SURF .mat (fts, labels)", ("{d}_SURF_L10.mat", "{d}_zscore_SURF_L10.mat"),
+        "surf",
+        "SURF .mat (fts, labels)",
+        ("{d}_SURF_L10.mat", "{d}_zscore_SURF_L10.mat"),
         (("fts", "labels"), ("Xt", "Yt")),
     ),
 }
@@ -130,8 +142,14 @@ class OfficeCaltechBenchmark(Benchmark):
     # ------------------------------------------------------------------ files
 
     def _form_names(self) -> tuple[str, ...]:
-        variant = choice(self.config, "variant", "office_caltech feature form", ["auto"] + sorted(FORMS), "auto",
-                         aliases={"default": "auto"})
+        variant = choice(
+            self.config,
+            "variant",
+            "office_caltech feature form",
+            ["auto"] + sorted(FORMS),
+            "auto",
+            aliases={"default": "auto"},
+        )
         return AUTO_ORDER if variant == "auto" else (variant,)
 
     def files(self) -> tuple[FeatureForm, dict[str, Path]]:
@@ -156,7 +174,8 @@ class OfficeCaltechBenchmark(Benchmark):
         missing = "; ".join(f"{' or '.join(_expected_names(form, d))}" for d in DOMAINS if d not in found)
         others = [n for n in self._form_names() if n != form.name]
         alternatives = "".join(
-            f"; or, for {FORMS[n].description}, {' / '.join(p.replace('{d}', '<domain>') for p in FORMS[n].patterns)}" for n in others
+            f"; or, for {FORMS[n].description}, {' / '.join(p.replace('{d}', '<domain>') for p in FORMS[n].patterns)}"
+            for n in others
         )
         raise UserError(
             f"office_caltech: missing feature files in {str(root)!r}: for {form.description} put {missing} there"
@@ -179,7 +198,9 @@ class OfficeCaltechBenchmark(Benchmark):
         dims = {d: x.shape[1] for d, (x, _) in arrays.items()}
         if len(set(dims.values())) > 1:
             listing = ", ".join(f"{files[d].name}: {n}" for d, n in dims.items())
-            raise UserError(f"office_caltech: the feature files have different dimensions ({listing}): use one feature form for all domains")
+            raise UserError(
+                f"office_caltech: the feature files have different dimensions ({listing}): use one feature form for all domains"
+            )
         labels = np.concatenate([y for _, y in arrays.values()])
         one_based = labels.max() >= NUM_CLASSES  # the .mat releases number classes 1..10
         low, high = (1, NUM_CLASSES) if one_based else (0, NUM_CLASSES - 1)
@@ -193,8 +214,12 @@ class OfficeCaltechBenchmark(Benchmark):
                 arrays[domain] = (x, y - 1)
             if len(y) < 2:
                 raise UserError(f"{files[domain]} holds {len(y)} sample(s): a domain needs at least 2 (train and test)")
-        logger.info("office_caltech: %s features, %d dims, %s", form.name, next(iter(dims.values())),
-                    ", ".join(f"{d} {len(y)}" for d, (_, y) in arrays.items()))
+        logger.info(
+            "office_caltech: %s features, %d dims, %s",
+            form.name,
+            next(iter(dims.values())),
+            ", ".join(f"{d} {len(y)}" for d, (_, y) in arrays.items()),
+        )
         self._arrays = arrays
         return arrays
 

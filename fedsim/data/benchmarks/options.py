@@ -1,4 +1,5 @@
 """Reading a benchmark's optional settings from the ``data`` section, with one-line errors."""
+
 from __future__ import annotations
 
 from typing import Iterable, Mapping, Optional
@@ -9,7 +10,9 @@ from fedsim.errors import UserError
 from fedsim.registry import unknown_name_message
 
 
-def choice(config, field: str, kind: str, choices: Iterable[str], default: str, aliases: Optional[Mapping[str, str]] = None) -> str:
+def choice(
+    config, field: str, kind: str, choices: Iterable[str], default: str, aliases: Optional[Mapping[str, str]] = None
+) -> str:
     """``data.<field>`` (``default`` when absent or empty), one of ``choices`` after ``aliases``."""
     value = str(getattr(config, field, None) or default)
     value = (aliases or {}).get(value, value)

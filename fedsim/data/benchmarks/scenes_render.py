@@ -4,6 +4,7 @@
 and exact boxes; the benchmark class, its cache and the COCO export live in
 :mod:`fedsim.data.benchmarks.scenes`, whose docstring describes the scenes.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -13,7 +14,12 @@ from typing import Optional
 import numpy as np
 
 from fedsim.data.benchmarks.package_images import (
-    SKLEARN_PHOTOS, luminance, mnist_source, open_rgb, skimage_file, sklearn_photo,
+    SKLEARN_PHOTOS,
+    luminance,
+    mnist_source,
+    open_rgb,
+    skimage_file,
+    sklearn_photo,
 )
 from fedsim.data.benchmarks.splits import rng_for
 from fedsim.data.detection import Annotations
@@ -50,15 +56,23 @@ class Variant:
     objects: tuple[int, int]  # objects per image (min, max), inclusive
 
 
-VARIANTS = {
-    "default": Variant(128, (400, 100), (48, 48), (2, 5)),
-    "tiny": Variant(64, (24, 8), (8, 8), (1, 3)),
-}
+VARIANTS = {"default": Variant(128, (400, 100), (48, 48), (2, 5)), "tiny": Variant(64, (24, 8), (8, 8), (1, 3))}
 
 # relative object size (longest side / image side) per class
 _SIZE_RANGE = {"digit": (0.13, 0.30), "coin": (0.12, 0.26), "face": (0.14, 0.28), "horse": (0.20, 0.36)}
-_CITY_PHOTOS = ("coffee.png", "chelsea.png", "rocket.jpg", "motorcycle_left.png", "ihc.png")  # no photo with unannotated faces
-_FARM_TEXTURES = {"grass.png": (0.45, 0.75, 0.30), "gravel.png": (0.80, 0.72, 0.60), "brick.png": (0.85, 0.55, 0.40), "moon.png": (0.75, 0.80, 0.70)}
+_CITY_PHOTOS = (
+    "coffee.png",
+    "chelsea.png",
+    "rocket.jpg",
+    "motorcycle_left.png",
+    "ihc.png",
+)  # no photo with unannotated faces
+_FARM_TEXTURES = {
+    "grass.png": (0.45, 0.75, 0.30),
+    "gravel.png": (0.80, 0.72, 0.60),
+    "brick.png": (0.85, 0.55, 0.40),
+    "moon.png": (0.75, 0.80, 0.70),
+}
 
 
 # ----------------------------------------------------------------------------- sources
@@ -119,7 +133,9 @@ def _sprites() -> dict[str, list[Sprite]]:
         mask = (labelled[r0:r1, c0:c1] == region.label).astype(np.float32)
         coins.append(Sprite(coins_img[r0:r1, c0:c1].astype(np.float32) / 255.0, mask))
 
-    faces = [Sprite(face.astype(np.float32), np.ones(face.shape, np.float32)) for face in skimage.data.lfw_subset()[:100]]
+    faces = [
+        Sprite(face.astype(np.float32), np.ones(face.shape, np.float32)) for face in skimage.data.lfw_subset()[:100]
+    ]
 
     horse_mask = (~skimage.data.horse()).astype(np.float32)
     horse = [_crop_to_mask(np.ones(horse_mask.shape, np.float32), horse_mask, 0.5)]
@@ -132,7 +148,9 @@ def _sprites() -> dict[str, list[Sprite]]:
 def _resize(array: np.ndarray, height: int, width: int) -> np.ndarray:
     from PIL import Image
 
-    return np.asarray(Image.fromarray(array.astype(np.float32), mode="F").resize((width, height), Image.BILINEAR), dtype=np.float32)
+    return np.asarray(
+        Image.fromarray(array.astype(np.float32), mode="F").resize((width, height), Image.BILINEAR), dtype=np.float32
+    )
 
 
 def _background(rng: np.random.Generator, kinds: tuple[str, ...], size: int) -> np.ndarray:
@@ -143,7 +161,7 @@ def _background(rng: np.random.Generator, kinds: tuple[str, ...], size: int) -> 
     crop = max(crop, min(size, side))
     top = int(rng.integers(photo.shape[0] - crop + 1))
     left = int(rng.integers(photo.shape[1] - crop + 1))
-    patch = photo[top:top + crop, left:left + crop]
+    patch = photo[top : top + crop, left : left + crop]
     out = np.stack([_resize(patch[:, :, c], size, size) for c in range(3)], axis=2)
     if rng.random() < 0.5:
         out = out[:, ::-1]
@@ -165,7 +183,9 @@ def _colour(cls: str, rng: np.random.Generator, under: np.ndarray) -> np.ndarray
         tint = np.array((1.0, 0.72, 0.45) if rng.random() < 0.5 else (0.92, 0.92, 0.98), np.float32)
         return np.broadcast_to(tint * np.float32(rng.uniform(0.8, 1.3)), under.shape)
     if cls == "face":
-        return np.broadcast_to(np.array((1.0, 0.86, 0.74), np.float32) * np.float32(rng.uniform(0.85, 1.15)), under.shape)
+        return np.broadcast_to(
+            np.array((1.0, 0.86, 0.74), np.float32) * np.float32(rng.uniform(0.85, 1.15)), under.shape
+        )
     base = [(0.45, 0.28, 0.15), (0.12, 0.10, 0.09), (0.92, 0.90, 0.86), (0.65, 0.45, 0.25)][int(rng.integers(4))]
     return np.broadcast_to(np.array(base, np.float32), under.shape)
 
@@ -208,13 +228,13 @@ def _paste(image: np.ndarray, cls: str, rng: np.random.Generator, taken: list[np
         box = np.array([left + cols[0], top + rows[0], left + cols[-1] + 1, top + rows[-1] + 1], np.float32)
         if len(taken) and _box_iou(box, np.stack(taken)).max() > 0:
             continue
-        under = image[top:top + h, left:left + w]
+        under = image[top : top + h, left : left + w]
         colour = _colour(cls, rng, under)
         shade = grey[:, :, None] if cls in ("coin", "face") else (0.75 + 0.25 * grey[:, :, None])
         if cls == "horse":
             shade = 0.8 + 0.4 * _resize(rng.uniform(0, 1, (4, 4)).astype(np.float32), h, w)[:, :, None]
         a = alpha[:, :, None]
-        image[top:top + h, left:left + w] = under * (1 - a) + np.clip(colour * shade, 0, 1) * a
+        image[top : top + h, left : left + w] = under * (1 - a) + np.clip(colour * shade, 0, 1) * a
         return box
     return None
 
@@ -230,7 +250,9 @@ def _lighting(image: np.ndarray, spec: DomainSpec, rng: np.random.Generator) -> 
     low, high = spec.fog
     if high > 0:
         size = image.shape[0]
-        depth = np.linspace(1.0, 0.2, size, dtype=np.float32)[:, None] + np.linspace(-0.1, 0.1, size, dtype=np.float32)[None, :] * np.float32(rng.uniform(-1, 1))
+        depth = np.linspace(1.0, 0.2, size, dtype=np.float32)[:, None] + np.linspace(-0.1, 0.1, size, dtype=np.float32)[
+            None, :
+        ] * np.float32(rng.uniform(-1, 1))
         t = np.exp(-np.float32(rng.uniform(low, high)) * depth)[:, :, None]
         airlight = np.float32(rng.uniform(0.75, 0.9))
         image = image * t + airlight * (1 - t)
@@ -249,7 +271,9 @@ def render_domain(domain: str, variant: Variant, seed: int) -> dict[str, np.ndar
         image = _background(rng, spec.backgrounds, variant.size)
         taken: list[np.ndarray] = []
         classes: list[int] = []
-        for cls in rng.choice(len(CLASSES), size=int(rng.integers(variant.objects[0], variant.objects[1] + 1)), p=probs):
+        for cls in rng.choice(
+            len(CLASSES), size=int(rng.integers(variant.objects[0], variant.objects[1] + 1)), p=probs
+        ):
             box = _paste(image, CLASSES[int(cls)], rng, taken)
             if box is not None:
                 taken.append(box)

@@ -3,6 +3,7 @@
 Every random decision draws from ``np.random.SeedSequence([data.seed, key])`` with a
 key fixed per benchmark, domain and purpose, so every process builds the same bits.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -24,7 +25,9 @@ def domain_key(name: str) -> int:
     return int.from_bytes(hashlib.sha256(name.encode("utf-8")).digest()[:4], "little")
 
 
-def stratified_split(y: np.ndarray, rng: np.random.Generator, test_fraction: float = TEST_FRACTION) -> tuple[np.ndarray, np.ndarray]:
+def stratified_split(
+    y: np.ndarray, rng: np.random.Generator, test_fraction: float = TEST_FRACTION
+) -> tuple[np.ndarray, np.ndarray]:
     """Indices (train, test), shuffled: ``round(f * N)`` test samples shared out by class.
 
     Each class gets ``f`` of its samples (largest remainder, ties by class order);
@@ -70,7 +73,9 @@ def stratified_subsample(y: np.ndarray, n: int, rng: np.random.Generator) -> np.
     return np.sort(np.concatenate(keep))
 
 
-def limit_train(x: np.ndarray, y: np.ndarray, limit: Optional[int], seed: int, key: int) -> tuple[np.ndarray, np.ndarray]:
+def limit_train(
+    x: np.ndarray, y: np.ndarray, limit: Optional[int], seed: int, key: int
+) -> tuple[np.ndarray, np.ndarray]:
     """``data.max_train_per_domain``: at most ``limit`` training samples, class proportions kept."""
     if limit is None or limit >= len(y):
         return x, y
@@ -90,7 +95,9 @@ def feature_domain(name: str, train_x, train_y, test_x, test_y, num_classes: int
     )
 
 
-def split_domain(name: str, x: np.ndarray, y: np.ndarray, num_classes: int, config, split_key: int, subsample_key: int) -> Domain:
+def split_domain(
+    name: str, x: np.ndarray, y: np.ndarray, num_classes: int, config, split_key: int, subsample_key: int
+) -> Domain:
     """An 80/20 split stratified by label from ``data.seed``, then ``data.max_train_per_domain``."""
     seed = int(config.seed)
     train_idx, test_idx = stratified_split(y, rng_for(seed, split_key))

@@ -24,6 +24,7 @@ by this control strategy). Features are float32 and *not* normalized (see
 once per (mode, variant, samples per class, seed) into ``data.cache_dir``. The simulation
 itself lives in :mod:`fedsim.data.benchmarks.tep_simulation`.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -115,8 +116,16 @@ class TEPBenchmark(Benchmark):
     def cache_name(self, domain: str) -> str:
         """Cache file stem: version, variant, samples, seed, mode and a hash of every generation setting."""
         sim = tep_simulation
-        settings = repr((self.classes, sim.SETTLE_HOURS[domain], sim.WARMUP_HOURS, sim.SAMPLE_HOURS, sim.CONTROL_INTERVAL,
-                         _tep_version()))
+        settings = repr(
+            (
+                self.classes,
+                sim.SETTLE_HOURS[domain],
+                sim.WARMUP_HOURS,
+                sim.SAMPLE_HOURS,
+                sim.CONTROL_INTERVAL,
+                _tep_version(),
+            )
+        )
         digest = hashlib.sha256(settings.encode("utf-8")).hexdigest()[:10]
         return f"tep-{VERSION}-{self.variant}-n{self.samples_per_class}-seed{int(self.config.seed)}-{domain}-{digest}"
 
@@ -129,8 +138,13 @@ class TEPBenchmark(Benchmark):
         _require_tep()
         start = time.perf_counter()
         x, y = tep_simulation.simulate_mode(domain, self.classes, self.samples_per_class, int(self.config.seed))
-        logger.info("tep: simulated %s (%d samples, %d classes) in %.1f s", domain, len(y), len(self.classes),
-                    time.perf_counter() - start)
+        logger.info(
+            "tep: simulated %s (%d samples, %d classes) in %.1f s",
+            domain,
+            len(y),
+            len(self.classes),
+            time.perf_counter() - start,
+        )
         save_arrays(self.config.cache_dir, name, {"x": x, "y": y})
         return x, y
 

@@ -5,6 +5,7 @@ branches every class from that snapshot with its own noise stream (the method is
 described in :mod:`fedsim.data.benchmarks.tep`). The times below are the defaults;
 tests pass shorter ones to check the mechanics cheaply.
 """
+
 from __future__ import annotations
 
 import copy
@@ -21,7 +22,14 @@ MODES: tuple[str, ...] = ("mode1", "mode2", "mode3", "mode4", "mode5", "mode6")
 CLASS_KEYS: dict[str, int] = {"normal": 0, **{f"idv_{i:02d}": i for i in range(1, 29)}}
 NUM_FEATURES = 53  # XMEAS(1..41) then XMV(1..12)
 
-SETTLE_HOURS: dict[str, float] = {"mode1": 60.0, "mode2": 60.0, "mode3": 60.0, "mode4": 60.0, "mode5": 70.0, "mode6": 60.0}
+SETTLE_HOURS: dict[str, float] = {
+    "mode1": 60.0,
+    "mode2": 60.0,
+    "mode3": 60.0,
+    "mode4": 60.0,
+    "mode5": 70.0,
+    "mode6": 60.0,
+}
 WARMUP_HOURS = 1.0  # discarded after the fault onset (20 samples)
 SAMPLE_HOURS = 0.05  # 3 min between samples
 CONTROL_INTERVAL = 0.01  # hours between controller moves (the plant integrates at 0.0005 h inside)
@@ -69,7 +77,9 @@ def steps(hours: float, control_interval: float, what: str) -> int:
     """``hours`` as a whole number of control intervals."""
     count = hours / control_interval
     if count < 0 or abs(count - round(count)) > 1e-6:
-        raise ValueError(f"{what} ({hours} h) must be a non-negative multiple of the control interval ({control_interval} h)")
+        raise ValueError(
+            f"{what} ({hours} h) must be a non-negative multiple of the control interval ({control_interval} h)"
+        )
     return int(round(count))
 
 
@@ -89,7 +99,10 @@ class ControlledPlant:
         self.controller = RickerMultiLoopController(setpoints=mode_setpoints(mode))
         self.controller.reset(self.meas, time=self.sim.time)
         # The schema and loop registry are immutable and shared; only the loop memories are copied.
-        self._shared = {id(self.controller.schema): self.controller.schema, id(self.controller.registry): self.controller.registry}
+        self._shared = {
+            id(self.controller.schema): self.controller.schema,
+            id(self.controller.registry): self.controller.registry,
+        }
 
     def step(self, idv: np.ndarray, what: str):
         action, _ = self.controller.compute_action(self.meas, time=self.sim.time)

@@ -1,4 +1,5 @@
 """Server-side aggregation in numpy alone, so a server half that only averages never imports torch."""
+
 from __future__ import annotations
 
 from typing import Iterable, Mapping
@@ -6,7 +7,9 @@ from typing import Iterable, Mapping
 import numpy as np
 
 
-def weighted_average(tensor_sets: Iterable[Mapping[str, np.ndarray]], weights: Iterable[float]) -> dict[str, np.ndarray]:
+def weighted_average(
+    tensor_sets: Iterable[Mapping[str, np.ndarray]], weights: Iterable[float]
+) -> dict[str, np.ndarray]:
     """sum_k w_k T_k / sum_k w_k per named tensor (McMahan et al. 2017, Alg. 1), in float64, cast back."""
     tensor_sets = list(tensor_sets)
     weights = np.asarray(list(weights), dtype=np.float64)

@@ -59,6 +59,7 @@ round's starting encoder, constant during the local epochs, and one-sided (no
 gradient reaches the target's encoding): on digits this staleness, not the 256-point
 size, made ``lambda_domain = 1`` collapse the sources (docs/baselines.md).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -74,7 +75,15 @@ from fedsim.losses import DomainLoss, dann_schedule
 from fedsim.losses.domain import dann_lr_factor
 from fedsim.messages import Instruction, Reply
 from fedsim.methods.base import Method, ServerState, client_operation
-from fedsim.methods.common.training import CHUNK, encode_in_chunks, evaluate_model, load_numpy, make_optimizer, model_to_numpy, train_epochs
+from fedsim.methods.common.training import (
+    CHUNK,
+    encode_in_chunks,
+    evaluate_model,
+    load_numpy,
+    make_optimizer,
+    model_to_numpy,
+    train_epochs,
+)
 from fedsim.methods.fedavg import FedAvg
 from fedsim.methods.fedbn import reestimate_bn
 from fedsim.models.normalization import bn_keys
@@ -91,8 +100,12 @@ class AlignmentParams:
     lambda_domain: float = 1.0  # weight of the domain loss (Ganin et al. 2016 and Long et al. 2015 use 1)
     schedule: str = "dann"  # "dann": lambda_domain * (2 / (1 + exp(-10 p)) - 1); "constant": lambda_domain
     target_batch: int = 256  # target features each target client sends per round
-    target_normalization: str = "batch"  # "batch": target batch-norm statistics, like the sources'; "running": eval mode
-    lr_schedule: str = "dann"  # "dann": method.lr / (1 + 10 p)^0.75 (Ganin et al. 2016, Sec. 5.2.2); "constant": method.lr
+    target_normalization: str = (
+        "batch"  # "batch": target batch-norm statistics, like the sources'; "running": eval mode
+    )
+    lr_schedule: str = (
+        "dann"  # "dann": method.lr / (1 + 10 p)^0.75 (Ganin et al. 2016, Sec. 5.2.2); "constant": method.lr
+    )
 
     def __post_init__(self):
         if self.lambda_domain < 0:
@@ -102,14 +115,22 @@ class AlignmentParams:
         if self.lr_schedule not in SCHEDULES:
             raise UserError(f"method.lr_schedule must be one of {', '.join(SCHEDULES)}, got {self.lr_schedule!r}")
         if self.target_normalization not in ("batch", "running"):
-            raise UserError(f"method.target_normalization must be 'batch' or 'running', got {self.target_normalization!r}")
+            raise UserError(
+                f"method.target_normalization must be 'batch' or 'running', got {self.target_normalization!r}"
+            )
         if self.target_batch < 2:
             raise UserError(f"method.target_batch must be at least 2, got {self.target_batch}")
 
 
 @torch.no_grad()
 def encode_subset(
-    model: nn.Module, x: np.ndarray, count: int, seed: int, device: torch.device, chunk: int = CHUNK, batch_statistics: bool = False
+    model: nn.Module,
+    x: np.ndarray,
+    count: int,
+    seed: int,
+    device: torch.device,
+    chunk: int = CHUNK,
+    batch_statistics: bool = False,
 ) -> np.ndarray:
     """Encoder features of a seeded random subset of ``count`` rows of ``x`` (all rows if fewer).
 
@@ -150,9 +171,17 @@ class AlignmentObjective:
     references: the target batch goes through the encoder in its own forward pass, so its gradient is trained too).
     """
 
-    def __init__(self, domain_loss: DomainLoss, target: torch.Tensor, generator: torch.Generator,
-                 schedule: Callable[[int], tuple[float, float]], batches: int, trained: int,
-                 optimizer: Optional[torch.optim.Optimizer] = None, encode_target: bool = False):
+    def __init__(
+        self,
+        domain_loss: DomainLoss,
+        target: torch.Tensor,
+        generator: torch.Generator,
+        schedule: Callable[[int], tuple[float, float]],
+        batches: int,
+        trained: int,
+        optimizer: Optional[torch.optim.Optimizer] = None,
+        encode_target: bool = False,
+    ):
         self.domain_loss, self.target, self.generator, self.schedule = domain_loss, target, generator, schedule
         self.batches, self.trained, self.optimizer, self.encode_target = batches, trained, optimizer, encode_target
         self.calls, self.count = 0, 0
@@ -172,7 +201,11 @@ class AlignmentObjective:
         target_features = model.features(target) if self.encode_target else target
         task = nn.functional.cross_entropy(model.head(source_features), yb)
         term, value = self.domain_loss.objective(source_features, target_features, weight)
-        batch = {"train_loss": float(task.detach()), "domain_loss": float(value.detach()), **self.domain_loss.last_metrics}
+        batch = {
+            "train_loss": float(task.detach()),
+            "domain_loss": float(value.detach()),
+            **self.domain_loss.last_metrics,
+        }
         batch.update({"lr": float(self.optimizer.param_groups[0]["lr"])} if self.optimizer is not None else {})
         for key, number in batch.items():
             self.sums[key] = self.sums.get(key, 0.0) + number * len(xb)
@@ -184,7 +217,9 @@ class AlignmentObjective:
         return {key: value / max(self.count, 1) for key, value in self.sums.items()}
 
 
-def alignment_optimizer(model: nn.Module, domain_loss: DomainLoss, method_config, domain_lr_scale: float) -> torch.optim.Optimizer:
+def alignment_optimizer(
+    model: nn.Module, domain_loss: DomainLoss, method_config, domain_lr_scale: float
+) -> torch.optim.Optimizer:
     """SGD over the model (``method.lr``) and the domain loss's parameters (``method.lr * domain_lr_scale``);
     each group keeps its base rate as ``initial_lr`` for the annealing."""
     groups = [{"params": list(model.parameters()), "initial_lr": method_config.lr}]
@@ -267,7 +302,9 @@ class FeatureAlignment(Method):
             return self.fedavg.evaluate(instruction, state, data)
         load_numpy(model, instruction.tensors)
         reestimate_bn(model, data.train.x, self.device)  # inputs only: the target's train.y is None
-        return Reply(data.client_id, {}, evaluate_model(model, data.test, self.device), num_examples=len(data.test)), state
+        return Reply(
+            data.client_id, {}, evaluate_model(model, data.test, self.device), num_examples=len(data.test)
+        ), state
 
     @client_operation
     def features(self, instruction: Instruction, state: Any, data: ClientData) -> tuple[Reply, Any]:
@@ -275,10 +312,17 @@ class FeatureAlignment(Method):
         model = state["model"]
         load_numpy(model, instruction.tensors)
         encoded = encode_subset(
-            model, data.train.x, self.params.target_batch, instruction.config["seed"], self.device,
-            chunk=self.config.method.batch_size, batch_statistics=self.params.target_normalization == "batch",
+            model,
+            data.train.x,
+            self.params.target_batch,
+            instruction.config["seed"],
+            self.device,
+            chunk=self.config.method.batch_size,
+            batch_statistics=self.params.target_normalization == "batch",
         )
-        return Reply(data.client_id, {"features": encoded}, {"num_features": float(len(encoded))}, num_examples=len(encoded)), state
+        return Reply(
+            data.client_id, {"features": encoded}, {"num_features": float(len(encoded))}, num_examples=len(encoded)
+        ), state
 
     @client_operation
     def fit(self, instruction: Instruction, state: Any, data: ClientData) -> tuple[Reply, Any]:
@@ -292,9 +336,16 @@ class FeatureAlignment(Method):
         optimizer = alignment_optimizer(model, domain_loss, method, self.domain_lr_scale())  # fresh each round
         batches, trained = steps_per_epoch(len(data.train), method.batch_size)
         objective = AlignmentObjective(
-            domain_loss, target, torch.Generator().manual_seed(derive_seed(seed, "target-batch")),
-            self.step_schedule(instruction.config["round"], method.local_epochs * batches), batches, trained, optimizer,
+            domain_loss,
+            target,
+            torch.Generator().manual_seed(derive_seed(seed, "target-batch")),
+            self.step_schedule(instruction.config["round"], method.local_epochs * batches),
+            batches,
+            trained,
+            optimizer,
         )
         domain_loss.train()
-        train_epochs(model, data.train, method.local_epochs, method.batch_size, optimizer, seed, self.device, step_loss=objective)
+        train_epochs(
+            model, data.train, method.local_epochs, method.batch_size, optimizer, seed, self.device, step_loss=objective
+        )
         return Reply(data.client_id, model_to_numpy(model), objective.metrics(), num_examples=len(data.train)), state

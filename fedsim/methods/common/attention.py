@@ -25,6 +25,7 @@ every "after" (common random numbers, so the gains do not carry reference noise)
 with one k-means++ initialization, a random_state derived from the seed, and one thread (identical on
 every backend): (sources + 1) x (gap_references + 1) k-means fits per round on the target.
 """
+
 from __future__ import annotations
 
 import warnings
@@ -90,7 +91,9 @@ def gap_statistic(features: np.ndarray, k: int, uniform: np.ndarray, seed: int) 
 
     points = np.asarray(features, dtype=np.float64)
     if points.ndim != 2 or uniform.shape[1:] != points.shape:
-        raise ValueError(f"gap_statistic needs n x d features and B x n x d draws, got {points.shape} and {uniform.shape}")
+        raise ValueError(
+            f"gap_statistic needs n x d features and B x n x d draws, got {points.shape} and {uniform.shape}"
+        )
     with threadpool_limits(1):  # one thread: the same sums on every backend (entering it costs ~0.1 s: once per gap)
         centered = points - points.mean(0)
         _, _, vt = np.linalg.svd(centered, full_matrices=False)
@@ -116,8 +119,16 @@ def apply_deltas(current: Weights, deltas: Sequence[Weights], weights: Sequence[
 
 
 def dynamic_attention(
-    encode: Callable[[Weights, np.ndarray], np.ndarray], current: Weights, deltas: Sequence[Weights], pool: np.ndarray,
-    samples: int, k: int, references: int, temperature: float, seed: int, form: str = "dispersion",
+    encode: Callable[[Weights, np.ndarray], np.ndarray],
+    current: Weights,
+    deltas: Sequence[Weights],
+    pool: np.ndarray,
+    samples: int,
+    k: int,
+    references: int,
+    temperature: float,
+    seed: int,
+    form: str = "dispersion",
 ) -> tuple[np.ndarray, float, list[float]]:
     """(attention a_i, the score of ``current``, gains); ``encode(weights, inputs)`` gives the features of a
     model on inputs. ``form="dispersion"``: score I(current), gains the relative drops of I (the paper);
@@ -133,7 +144,10 @@ def dynamic_attention(
     before_features = encode(current, inputs)
     if form == "dispersion":
         before = dispersion(before_features, k, seed)
-        gains = [dispersion_gain(before, dispersion(encode(apply_deltas(current, [d], [1.0]), inputs), k, seed)) for d in deltas]
+        gains = [
+            dispersion_gain(before, dispersion(encode(apply_deltas(current, [d], [1.0]), inputs), k, seed))
+            for d in deltas
+        ]
         return softmax(np.asarray(gains), temperature), before, gains
     if form == "share":
         before = dispersion_share(before_features, k, seed)
@@ -141,5 +155,8 @@ def dynamic_attention(
         return softmax(np.asarray(gains), temperature), before, gains
     uniform = rng.random((references, *before_features.shape))
     before = gap_statistic(before_features, k, uniform, seed)
-    gains = [gap_statistic(encode(apply_deltas(current, [delta], [1.0]), inputs), k, uniform, seed) - before for delta in deltas]
+    gains = [
+        gap_statistic(encode(apply_deltas(current, [delta], [1.0]), inputs), k, uniform, seed) - before
+        for delta in deltas
+    ]
     return softmax(np.asarray(gains), temperature), before, gains

@@ -3,6 +3,7 @@
 Built on :func:`fedsim.methods.common.training.minibatches`, the one mini-batch generator: ``steps``
 batches run over consecutive shuffled epochs, the last one cut short.
 """
+
 from __future__ import annotations
 
 import itertools

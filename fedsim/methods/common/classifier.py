@@ -4,6 +4,7 @@ FedAvg, FedProx, FedBN, the alignment methods, FedDaDiL's encoder stage and the 
 start from the same initialization (seeded by the run's seed alone, so every backend and every method
 gets the same initial weights) and train with :func:`fedsim.methods.common.training.train_epochs`.
 """
+
 from __future__ import annotations
 
 from typing import Optional
@@ -12,8 +13,15 @@ import torch
 from torch import nn
 
 from fedsim.data.base import ArraySplit
-from fedsim.methods.common.training import StepLoss, evaluate_model, load_numpy, make_optimizer, model_to_numpy, train_epochs
 from fedsim.messages import Tensors
+from fedsim.methods.common.training import (
+    StepLoss,
+    evaluate_model,
+    load_numpy,
+    make_optimizer,
+    model_to_numpy,
+    train_epochs,
+)
 from fedsim.models import build_model
 from fedsim.seeding import derive_seed
 
@@ -41,12 +49,23 @@ class GlobalClassifier:
             self._shared = self.build().to(self.device)
         return self._shared
 
-    def train(self, model: nn.Module, weights: Tensors, split: ArraySplit, seed: int, step_loss: Optional[StepLoss] = None) -> float:
+    def train(
+        self, model: nn.Module, weights: Tensors, split: ArraySplit, seed: int, step_loss: Optional[StepLoss] = None
+    ) -> float:
         """Load ``weights``, run ``method.local_epochs`` epochs with a fresh SGD optimizer (McMahan et al., Alg. 1)."""
         method = self.config.method
         load_numpy(model, weights)
         optimizer = make_optimizer(model, method)
-        return train_epochs(model, split, method.local_epochs, method.batch_size, optimizer, seed=seed, device=self.device, step_loss=step_loss)
+        return train_epochs(
+            model,
+            split,
+            method.local_epochs,
+            method.batch_size,
+            optimizer,
+            seed=seed,
+            device=self.device,
+            step_loss=step_loss,
+        )
 
     def evaluate(self, model: nn.Module, weights: Tensors, split: ArraySplit) -> dict[str, float]:
         load_numpy(model, weights)

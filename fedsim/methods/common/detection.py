@@ -17,6 +17,7 @@ weights file; ``base_iters = 0`` keeps the file's weights as w_b).
 Evaluation (the families of predictors and their scores A_s, A_p, A_u, A_com) is in
 :mod:`fedsim.methods.common.detection_eval`.
 """
+
 from __future__ import annotations
 
 import logging
@@ -29,7 +30,14 @@ from fedsim.data.base import ClientData
 from fedsim.errors import UserError
 from fedsim.messages import Instruction, Reply
 from fedsim.methods.base import Method, Replies, ServerState, client_operation
-from fedsim.methods.common.detection_eval import DetectionRoles, Family, Weights, predictor_configs, score_predictors, summarize
+from fedsim.methods.common.detection_eval import (
+    DetectionRoles,
+    Family,
+    Weights,
+    predictor_configs,
+    score_predictors,
+    summarize,
+)
 from fedsim.methods.common.detection_training import DetectionSet, train_steps
 from fedsim.methods.common.training import load_numpy, make_optimizer, model_to_numpy
 from fedsim.models.detector import Detector, DetectorSpec, build_detector
@@ -67,17 +75,27 @@ class DetectionParams:
 def detection_roles(config, federation, name: str) -> DetectionRoles:
     """The server host, the labeled clients and the target of a run; UserError for a scenario that has none."""
     if config.data.partition != "iid":
-        raise UserError(f"method {name!r} splits detection images IID only: drop --set data.partition={config.data.partition}")
+        raise UserError(
+            f"method {name!r} splits detection images IID only: drop --set data.partition={config.data.partition}"
+        )
     server_domain = BENCHMARKS.get(config.data.benchmark).server_domain
     if server_domain is None:
-        raise UserError(f"benchmark {config.data.benchmark!r} names no server domain: run {name!r} on a detection benchmark, e.g. --benchmark scenes (or coco)")
+        raise UserError(
+            f"benchmark {config.data.benchmark!r} names no server domain: run {name!r} on a detection benchmark, e.g. --benchmark scenes (or coco)"
+        )
     if config.data.target == server_domain:
-        raise UserError(f"the server's domain {server_domain!r} cannot be the target: pick a client domain with --target")
+        raise UserError(
+            f"the server's domain {server_domain!r} cannot be the target: pick a client domain with --target"
+        )
     hosts = [c.client_id for c in federation.clients if c.domain == server_domain]
     if not hosts:
-        raise UserError(f"benchmark {config.data.benchmark!r} has no server domain {server_domain!r} in this run: keep it in data.sources (or name the server's folder {server_domain!r})")
+        raise UserError(
+            f"benchmark {config.data.benchmark!r} has no server domain {server_domain!r} in this run: keep it in data.sources (or name the server's folder {server_domain!r})"
+        )
     if len(hosts) > 1:
-        raise UserError(f"the server's data is one set: run {name!r} with data.clients_per_domain=1 (got {len(hosts)} clients for {server_domain!r})")
+        raise UserError(
+            f"the server's data is one set: run {name!r} with data.clients_per_domain=1 (got {len(hosts)} clients for {server_domain!r})"
+        )
     clients = tuple(c for c in federation.source_ids if c != hosts[0])
     if not clients:
         raise UserError(f"method {name!r} needs at least one labeled client domain besides {server_domain!r}")
@@ -93,7 +111,11 @@ class DetectionMethod(Method):
 
     task = "detection"
     Params = DetectionParams
-    transient_state_keys = ("model", "train", "teacher_models")  # a shared detector, the torch form of the data, teachers
+    transient_state_keys = (
+        "model",
+        "train",
+        "teacher_models",
+    )  # a shared detector, the torch form of the data, teachers
     #: client-state keys whose content the protocol sends on purpose (the privacy contract test should leave them
     #: out): ``own`` holds FedOD's w_i (uploaded every round as teachers) and, on the server host, those teachers;
     #: FedBN/FedRep's personal parts (uploaded in evaluated rounds so that the server host scores M_i on S)
@@ -112,8 +134,12 @@ class DetectionMethod(Method):
         self.roles = detection_roles(config, federation, type(self).registry_name)
         p = self.params
         self.spec = DetectorSpec(
-            num_classes=federation.num_classes, image_size=int(federation.input_shape[-1]), width=p.width,
-            fpn_channels=p.fpn_channels, head_convs=p.head_convs, weights=p.weights,
+            num_classes=federation.num_classes,
+            image_size=int(federation.input_shape[-1]),
+            width=p.width,
+            fpn_channels=p.fpn_channels,
+            head_convs=p.head_convs,
+            weights=p.weights,
         )
 
     def new_model(self, seed: Optional[int] = None, from_file: bool = False) -> Detector:
@@ -136,9 +162,15 @@ class DetectionMethod(Method):
         if self.params.base_iters == 0:
             return {**state, "base": state["weights"]}, {}
         server = self.roles.server_id
-        reply = ctx.call("train_base", state["weights"], [server], {"seed": derive_seed(self.config.run.seed, "base")})[server]
+        reply = ctx.call("train_base", state["weights"], [server], {"seed": derive_seed(self.config.run.seed, "base")})[
+            server
+        ]
         base = dict(reply.tensors)
-        log.info("base model w_b: %d steps on the server host, final loss %.3f", self.params.base_iters, reply.metrics["train_loss"])
+        log.info(
+            "base model w_b: %d steps on the server host, final loss %.3f",
+            self.params.base_iters,
+            reply.metrics["train_loss"],
+        )
         return {**state, "weights": base, "base": base}, {"base_loss": reply.metrics["train_loss"]}
 
     def global_tensors(self, state: ServerState) -> dict:
@@ -161,35 +193,60 @@ class DetectionMethod(Method):
         client_payload, server_payload = self.evaluation_payloads(ctx, state)
         roles = self.roles
         replies = ctx.call(
-            "evaluate", lambda cid: server_payload if cid == roles.server_id else client_payload,
-            [roles.server_id, *roles.client_ids, *roles.target_ids], lambda cid: configs[cid],
+            "evaluate",
+            lambda cid: server_payload if cid == roles.server_id else client_payload,
+            [roles.server_id, *roles.client_ids, *roles.target_ids],
+            lambda cid: configs[cid],
         )
         return self.summarize_evaluation(ctx.round, replies)
 
     def summarize_evaluation(self, rnd: int, replies: Replies) -> dict:
         final = self.is_final(rnd)
-        return summarize(self.families(rnd), replies, self.roles, self.federation, self.params.alpha, self.primary(), final)
+        return summarize(
+            self.families(rnd), replies, self.roles, self.federation, self.params.alpha, self.primary(), final
+        )
 
     # ---- client half ------------------------------------------------------
     def init_client(self, data: ClientData) -> Any:
-        torch.manual_seed(derive_seed(self.config.run.seed, "client-model", data.client_id))  # weights overwritten before every use
+        torch.manual_seed(
+            derive_seed(self.config.run.seed, "client-model", data.client_id)
+        )  # weights overwritten before every use
         return {"model": self.new_model(), "own": {}, "train": None}
 
     def train_set(self, state: dict, data: ClientData) -> DetectionSet:
         if data.train.targets is None:
-            raise ValueError(f"client {data.client_id} has no boxes for its training images: the target client only evaluates")
+            raise ValueError(
+                f"client {data.client_id} has no boxes for its training images: the target client only evaluates"
+            )
         if state["train"] is None:
             state["train"] = DetectionSet.build(data.train.x, data.train.targets)
         return state["train"]
 
-    def local_train(self, model: Detector, data: DetectionSet, steps: int, seed: int, parameters=None, extra_loss=None, detection_weight: float = 1.0) -> float:
+    def local_train(
+        self,
+        model: Detector,
+        data: DetectionSet,
+        steps: int,
+        seed: int,
+        parameters=None,
+        extra_loss=None,
+        detection_weight: float = 1.0,
+    ) -> float:
         """``steps`` SGD steps on ``parameters`` (default: all the trainable ones) of ``model``."""
         params = [p for p in (parameters if parameters is not None else model.parameters()) if p.requires_grad]
         optimizer = make_optimizer(params, self.config.method)
         p = self.params
         return train_steps(
-            model, data, steps, self.config.method.batch_size, optimizer, seed, flip=p.flip, grad_clip=p.grad_clip,
-            extra_loss=extra_loss, detection_weight=detection_weight,
+            model,
+            data,
+            steps,
+            self.config.method.batch_size,
+            optimizer,
+            seed,
+            flip=p.flip,
+            grad_clip=p.grad_clip,
+            extra_loss=extra_loss,
+            detection_weight=detection_weight,
         )
 
     @client_operation

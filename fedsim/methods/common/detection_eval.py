@@ -26,6 +26,7 @@ A model source names weights: ``payload:<prefix>`` (sent in the instruction unde
 ``<prefix>/``) or ``own:<key>`` (held in the client's private ``own`` dict); ``|``
 overlays several (a global model with a personal part on top).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -69,7 +70,7 @@ class DetectionRoles:
 def prefixed(tensors: Mapping[str, np.ndarray], prefix: str) -> Weights:
     """The tensors stored under ``prefix/``, without it."""
     head = prefix + "/"
-    return {k[len(head):]: v for k, v in tensors.items() if k.startswith(head)}
+    return {k[len(head) :]: v for k, v in tensors.items() if k.startswith(head)}
 
 
 def with_prefix(weights: Mapping[str, np.ndarray], prefix: str) -> Weights:
@@ -81,8 +82,14 @@ def detect_all(model: Detector, images: np.ndarray, batch: int) -> list[tuple[np
     """Detections (boxes, scores, labels) of every image, in order."""
     out = []
     for start in range(0, len(images), batch):
-        for det in model.detect(torch.from_numpy(np.ascontiguousarray(images[start:start + batch]))):
-            out.append((det["boxes"].numpy().astype(np.float64), det["scores"].numpy().astype(np.float64), det["labels"].numpy().astype(np.int64)))
+        for det in model.detect(torch.from_numpy(np.ascontiguousarray(images[start : start + batch]))):
+            out.append(
+                (
+                    det["boxes"].numpy().astype(np.float64),
+                    det["scores"].numpy().astype(np.float64),
+                    det["labels"].numpy().astype(np.int64),
+                )
+            )
     return out
 
 
@@ -101,15 +108,28 @@ def predictor_configs(families: list[Family], roles: DetectionRoles) -> dict[int
                 server[f"{fam.name}@{cid}"] = {"sources": list(fam.server_sources(cid)), **spec}
         else:
             server[fam.name] = {"sources": list(fam.server_sources(roles.server_id)), **spec}
-    clients = {"predictors": {fam.name: {"sources": list(fam.client_sources), "fusion": fam.fusion, "options": dict(fam.options)} for fam in families}}
-    target = {"predictors": {fam.name: {"sources": list(fam.client_sources), "fusion": None, "options": {}} for fam in families if not fam.per_client}}
+    clients = {
+        "predictors": {
+            fam.name: {"sources": list(fam.client_sources), "fusion": fam.fusion, "options": dict(fam.options)}
+            for fam in families
+        }
+    }
+    target = {
+        "predictors": {
+            fam.name: {"sources": list(fam.client_sources), "fusion": None, "options": {}}
+            for fam in families
+            if not fam.per_client
+        }
+    }
     configs = {roles.server_id: {"predictors": server}}
     configs.update({cid: clients for cid in roles.client_ids})  # one shared object: serialized once
     configs.update({cid: target for cid in roles.target_ids})
     return configs
 
 
-def family_scores(fam: Family, records: Callable[[int, str], MatchRecords], roles: DetectionRoles, num_classes: int, alpha: float) -> dict:
+def family_scores(
+    fam: Family, records: Callable[[int, str], MatchRecords], roles: DetectionRoles, num_classes: int, alpha: float
+) -> dict:
     """A_s, A_p, A_u, A_com (mAP and AP50) of one family, per client and averaged; ``target`` for a global family."""
     per_client = {}
     on_clients = {cid: records(cid, fam.name) for cid in roles.client_ids}
@@ -120,13 +140,28 @@ def family_scores(fam: Family, records: Callable[[int, str], MatchRecords], role
         u = accumulate([on_server, *on_clients.values()], num_classes)
         uo = accumulate([on_server, own], num_classes)
         per_client[str(cid)] = {
-            "s": s["mAP"], "p": p["mAP"], "u": u["mAP"], "s50": s["AP50"], "p50": p["AP50"], "u50": u["AP50"], "uo": uo["mAP"], "uo50": uo["AP50"],
+            "s": s["mAP"],
+            "p": p["mAP"],
+            "u": u["mAP"],
+            "s50": s["AP50"],
+            "p50": p["AP50"],
+            "u50": u["AP50"],
+            "uo": uo["mAP"],
+            "uo50": uo["AP50"],
         }
     mean = {key: float(np.mean([c[key] for c in per_client.values()])) for key in SCORES}
     entry = {
-        "A_s": mean["s"], "A_p": mean["p"], "A_u": mean["u"], "A_com": comprehensive(mean["s"], mean["p"], alpha),
-        "AP50_s": mean["s50"], "AP50_p": mean["p50"], "AP50_u": mean["u50"], "AP50_com": comprehensive(mean["s50"], mean["p50"], alpha),
-        "A_u_own": mean["uo"], "AP50_u_own": mean["uo50"], "clients": per_client,
+        "A_s": mean["s"],
+        "A_p": mean["p"],
+        "A_u": mean["u"],
+        "A_com": comprehensive(mean["s"], mean["p"], alpha),
+        "AP50_s": mean["s50"],
+        "AP50_p": mean["p50"],
+        "AP50_u": mean["u50"],
+        "AP50_com": comprehensive(mean["s50"], mean["p50"], alpha),
+        "A_u_own": mean["uo"],
+        "AP50_u_own": mean["uo50"],
+        "clients": per_client,
     }
     if not fam.per_client and roles.target_ids:
         target = accumulate([records(cid, fam.name) for cid in roles.target_ids], num_classes)
@@ -134,7 +169,15 @@ def family_scores(fam: Family, records: Callable[[int, str], MatchRecords], role
     return entry
 
 
-def summarize(families: list[Family], replies: Mapping[int, Any], roles: DetectionRoles, federation, alpha: float, primary: str, final: bool) -> dict:
+def summarize(
+    families: list[Family],
+    replies: Mapping[int, Any],
+    roles: DetectionRoles,
+    federation,
+    alpha: float,
+    primary: str,
+    final: bool,
+) -> dict:
     """Evaluation replies -> ``detection`` (every family's scores), the primary family's ``source_accuracy``
     (mAP per source domain) and ``target_accuracy``; in the last round also ``final_detection`` and ``final_alpha``."""
     k = federation.num_classes
@@ -143,7 +186,10 @@ def summarize(families: list[Family], replies: Mapping[int, Any], roles: Detecti
         return MatchRecords.from_tensors(replies[cid].tensors, label)
 
     detection = {fam.name: family_scores(fam, records, roles, k, alpha) for fam in families}
-    metrics: dict[str, Any] = {"detection": detection, "primary_A_com": detection[primary]["A_com"]}  # per round: the curves
+    metrics: dict[str, Any] = {
+        "detection": detection,
+        "primary_A_com": detection[primary]["A_com"],
+    }  # per round: the curves
     source_accuracy = {}
     for domain in federation.source_domains:
         if domain == roles.server_domain:
@@ -180,8 +226,13 @@ def resolve_source(source: str, tensors: Mapping[str, np.ndarray], own: Mapping[
 
 
 def score_predictors(
-    model: Detector, predictors: Mapping[str, dict], tensors: Mapping[str, np.ndarray], own: Mapping[str, Weights],
-    test: ArraySplit, num_classes: int, batch: int,
+    model: Detector,
+    predictors: Mapping[str, dict],
+    tensors: Mapping[str, np.ndarray],
+    own: Mapping[str, Weights],
+    test: ArraySplit,
+    num_classes: int,
+    batch: int,
 ) -> dict[str, np.ndarray]:
     """Detect with every predictor on a test split (each model source once); the match records of each, as tensors."""
     detections: dict[str, list] = {}

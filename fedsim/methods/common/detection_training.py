@@ -7,6 +7,7 @@ dropped), each batch draws its horizontal flips from the same generator, and the
 gradient norm is clipped. The optimizer is the one SGD factory of
 :mod:`fedsim.methods.common.training`.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -31,7 +32,10 @@ class DetectionSet:
     def build(x: np.ndarray, pairs: Sequence[tuple[np.ndarray, np.ndarray]]) -> "DetectionSet":
         """From a split's images and its ``targets`` (one ``(boxes, labels)`` pair per image)."""
         targets = [
-            {"boxes": torch.from_numpy(np.asarray(b, np.float32).reshape(-1, 4)), "labels": torch.from_numpy(np.asarray(lab, np.int64))}
+            {
+                "boxes": torch.from_numpy(np.asarray(b, np.float32).reshape(-1, 4)),
+                "labels": torch.from_numpy(np.asarray(lab, np.int64)),
+            }
             for b, lab in pairs
         ]
         return DetectionSet(torch.from_numpy(np.ascontiguousarray(x)), targets)

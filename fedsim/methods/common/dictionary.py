@@ -15,6 +15,7 @@ for a labeled domain, and the feature-only W_2 for the unlabeled target. Predict
 domain: DaDiL-R (a classifier trained on the reconstruction B(alpha_l; P)) and DaDiL-E
 (per-atom classifiers weighted by alpha_l).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -28,7 +29,7 @@ from fedsim.errors import UserError
 from fedsim.ot.barycenter import labeled_barycenter
 from fedsim.ot.simplex import project_simplex
 from fedsim.ot.wasserstein import SOLVERS, wasserstein_distance
-from fedsim.seeding import derive_seed, numpy_rng
+from fedsim.seeding import derive_seed
 
 
 @dataclass(frozen=True)
@@ -93,7 +94,9 @@ class CentralizedDictionaryParams(DictionaryParams):
 def check_batch_size(p: DictionaryParams, batch_size: int) -> None:
     """``batch_size`` is the common ``method.batch_size``: DaDiL's n_b (atoms and client data per step)."""
     if batch_size > p.samples_per_atom:
-        raise UserError(f"method.batch_size ({batch_size}) cannot exceed method.samples_per_atom ({p.samples_per_atom})")
+        raise UserError(
+            f"method.batch_size ({batch_size}) cannot exceed method.samples_per_atom ({p.samples_per_atom})"
+        )
 
 
 def num_atoms(p: DictionaryParams, num_domains: int) -> int:
@@ -128,7 +131,7 @@ def atom_minibatches(k: int, n: int, batch_size: int, generator: torch.Generator
     """One pass over the atoms: n // batch_size index sets of shape (k, batch_size), each atom's rows drawn
     without replacement from its own permutation (DaDiL Alg. 2 samples every atom independently)."""
     perms = torch.stack([torch.randperm(n, generator=generator) for _ in range(k)])
-    return [perms[:, i * batch_size:(i + 1) * batch_size] for i in range(max(n // batch_size, 1))]
+    return [perms[:, i * batch_size : (i + 1) * batch_size] for i in range(max(n // batch_size, 1))]
 
 
 def data_minibatch(count: int, batch_size: int, generator: torch.Generator) -> torch.Tensor:
@@ -145,8 +148,11 @@ def gather_atoms(atoms_x: torch.Tensor, atoms_logits: torch.Tensor, idx: torch.T
 def make_optimizer(p: DictionaryParams, momentum: float, atoms: list, alphas: list) -> torch.optim.Optimizer:
     """SGD with the common ``method.momentum`` (default 0.9, PyDiL's example) or Adam, one lr per group."""
     atoms_x, atoms_logits = atoms
-    groups = [{"params": [atoms_x], "lr": p.lr_atoms}, {"params": [atoms_logits], "lr": p.lr_labels or p.lr_atoms},
-              {"params": alphas, "lr": p.lr_alpha}]
+    groups = [
+        {"params": [atoms_x], "lr": p.lr_atoms},
+        {"params": [atoms_logits], "lr": p.lr_labels or p.lr_atoms},
+        {"params": alphas, "lr": p.lr_alpha},
+    ]
     if p.optimizer == "adam":
         return torch.optim.Adam(groups)
     return torch.optim.SGD(groups, momentum=momentum)
@@ -210,7 +216,9 @@ def _atoms_distance(a, b, p: DictionaryParams) -> float:
     total = 0.0
     for k in range(xa.shape[0]):
         beta = label_weight(p, xa[k], xb[k])
-        total += float(wasserstein_distance(xa[k], xb[k], torch.softmax(la[k], -1), torch.softmax(lb[k], -1), beta=beta))
+        total += float(
+            wasserstein_distance(xa[k], xb[k], torch.softmax(la[k], -1), torch.softmax(lb[k], -1), beta=beta)
+        )
     return total / xa.shape[0]
 
 
@@ -267,8 +275,9 @@ def predict_ensemble(atoms_x, atoms_logits, alpha, x_test, p: DictionaryParams, 
     return probabilities.argmax(1)
 
 
-def evaluate_predictors(tensors, alpha: torch.Tensor, test_x: torch.Tensor, test_y: np.ndarray, p: DictionaryParams,
-                        seed: int) -> dict:
+def evaluate_predictors(
+    tensors, alpha: torch.Tensor, test_x: torch.Tensor, test_y: np.ndarray, p: DictionaryParams, seed: int
+) -> dict:
     """Correct counts of DaDiL-R (``correct``) and DaDiL-E (``correct_E``) on one domain's test features."""
     atoms_x = torch.tensor(np.asarray(tensors["atoms_x"]))
     atoms_logits = torch.tensor(np.asarray(tensors["atoms_logits"]))

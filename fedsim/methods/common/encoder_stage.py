@@ -10,6 +10,7 @@ sources. In the first dictionary round every client sends the sums of its encode
 The server half lives in :class:`EncoderStage`; the hosting method declares the client operations
 (``fit``, ``evaluate``, ``feature_stats``) and passes them on.
 """
+
 from __future__ import annotations
 
 import logging
@@ -61,14 +62,22 @@ class EncoderStage:
         rounds never learns a dictionary (warned: its accuracy is FedAvg's)."""
         if not uses_encoder(federation):
             if requested_rounds > 0:
-                raise UserError(f"method.encoder_rounds={requested_rounds}, but vector inputs have no encoder: leave it at -1 or 0")
+                raise UserError(
+                    f"method.encoder_rounds={requested_rounds}, but vector inputs have no encoder: leave it at -1 or 0"
+                )
             return
         rounds = encoder_rounds(requested_rounds, federation)
         if rounds == 0:
-            raise UserError("a dataset dictionary on image inputs needs an encoder: set method.encoder_rounds to 1 or more")
+            raise UserError(
+                "a dataset dictionary on image inputs needs an encoder: set method.encoder_rounds to 1 or more"
+            )
         if rounds >= total_rounds:
-            logger.warning("method.encoder_rounds (%d) >= run.rounds (%d): every round trains the encoder, no dictionary "
-                           "is learned and the reported accuracy is FedAvg's", rounds, total_rounds)
+            logger.warning(
+                "method.encoder_rounds (%d) >= run.rounds (%d): every round trains the encoder, no dictionary "
+                "is learned and the reported accuracy is FedAvg's",
+                rounds,
+                total_rounds,
+            )
 
     def is_encoder_round(self, rnd: int) -> bool:
         return rnd <= self.rounds
@@ -93,7 +102,11 @@ class EncoderStage:
             return {}
         replies = ctx.call("feature_stats", state["weights"], self.federation.client_ids)
         mean, std = mean_std(combine_stats(FeatureStats.from_tensors(r.tensors) for r in replies.values()))
-        return {"weights": state["weights"], "feature_mean": mean.astype(np.float32), "feature_std": std.astype(np.float32)}
+        return {
+            "weights": state["weights"],
+            "feature_mean": mean.astype(np.float32),
+            "feature_std": std.astype(np.float32),
+        }
 
     # ---- client half ------------------------------------------------------
     def init_client(self, data: ClientData) -> dict:

@@ -1,4 +1,5 @@
 """The one local-training loop and its pieces: weights <-> numpy, the optimizer, mini-batches, evaluation."""
+
 from __future__ import annotations
 
 from typing import Callable, Iterator, Mapping, Optional
@@ -19,7 +20,9 @@ def model_to_numpy(model: nn.Module) -> dict[str, np.ndarray]:
 
 
 def load_numpy(model: nn.Module, tensors: Mapping[str, np.ndarray], strict: bool = True) -> None:
-    state = {name: torch.tensor(np.asarray(value)) for name, value in tensors.items()}  # copy: object-store arrays are read-only
+    state = {
+        name: torch.tensor(np.asarray(value)) for name, value in tensors.items()
+    }  # copy: object-store arrays are read-only
     model.load_state_dict(state, strict=strict)
 
 
@@ -27,7 +30,10 @@ def make_optimizer(model_or_params, method_config, lr: Optional[float] = None) -
     """SGD with the method section's momentum and weight decay (``lr`` overrides ``method.lr``)."""
     params = model_or_params.parameters() if isinstance(model_or_params, nn.Module) else model_or_params
     return torch.optim.SGD(
-        params, lr=method_config.lr if lr is None else lr, momentum=method_config.momentum, weight_decay=method_config.weight_decay
+        params,
+        lr=method_config.lr if lr is None else lr,
+        momentum=method_config.momentum,
+        weight_decay=method_config.weight_decay,
     )
 
 
@@ -87,13 +93,17 @@ def train_epochs(
     return last
 
 
-def encode_in_chunks(encode: Callable[[torch.Tensor], torch.Tensor], x: np.ndarray, device: torch.device, chunk: int = CHUNK) -> torch.Tensor:
+def encode_in_chunks(
+    encode: Callable[[torch.Tensor], torch.Tensor], x: np.ndarray, device: torch.device, chunk: int = CHUNK
+) -> torch.Tensor:
     """``encode`` applied to ``x`` in chunks of ``chunk`` rows (bounded memory), concatenated on the CPU."""
     return torch.cat([encode(torch.from_numpy(x[i : i + chunk]).to(device)).cpu() for i in range(0, len(x), chunk)])
 
 
 @torch.no_grad()
-def evaluate_model(model: nn.Module, split: ArraySplit, device: torch.device, batch_size: int = CHUNK) -> dict[str, float]:
+def evaluate_model(
+    model: nn.Module, split: ArraySplit, device: torch.device, batch_size: int = CHUNK
+) -> dict[str, float]:
     """Correct count, sample count and summed cross-entropy on a labeled split."""
     model.eval()
     x = torch.from_numpy(split.x)
