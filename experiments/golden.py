@@ -1,11 +1,12 @@
 """Record or check the numbers of every registered method on tiny fixed-seed configs, on both backends.
 
-    python -m experiments.golden record results/golden/summaries.json
-    python -m experiments.golden check results/golden/summaries.json [--only fedavg,fada]
+    python -m experiments.golden check tests/golden/summaries.json [--only fedavg,fada]
+    python -m experiments.golden record tests/golden/summaries.json
 
-A refactoring that must not change results records before and checks after: the check compares each
-run's summary (wall time left out), every evaluated round's metrics (timings left out) and a hash of
-the final global tensors, and prints every difference.
+The golden summaries live in ``tests/golden/summaries.json``. ``check`` compares each run's summary (wall
+time left out), every evaluated round's metrics (timings left out) and a hash of the final global tensors
+with the recorded ones and prints every difference; ``record`` writes them anew, for a change that is
+meant to move the numbers.
 """
 
 from __future__ import annotations

@@ -190,7 +190,8 @@ def load_records(path: Path) -> tuple[str, list[dict]]:
                 f"{path} is a sweep without results.csv yet: finish it with 'fedsim sweep --resume --out {path}'"
             )
         raise UserError(
-            f"{path} holds no run (summary.json) and no sweep (results.csv): give the directory 'fedsim run' or 'fedsim sweep' wrote"
+            f"{path} holds no run (summary.json) and no sweep (results.csv): "
+            "give the directory 'fedsim run' or 'fedsim sweep' wrote"
         )
     records = [load_run(p) for p in runs]
     # settings that differ between the runs become parameters, like a sweep's --set axes

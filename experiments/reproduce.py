@@ -86,7 +86,8 @@ def _resumed(args: argparse.Namespace) -> tuple[PaperSpec, SweepSpec, Path]:
     out = Path(args.out)
     if not (out / STATE_FILE).is_file() or not (out / SPEC_FILE).is_file():
         raise UserError(
-            f"--out {args.out} holds no reproduction ({STATE_FILE} missing): give the directory of an earlier 'fedsim reproduce'"
+            f"--out {args.out} holds no reproduction ({STATE_FILE} missing): "
+            "give the directory of an earlier 'fedsim reproduce'"
         )
     return from_json((out / STATE_FILE).read_text()), SweepSpec.from_json((out / SPEC_FILE).read_text()), out
 

@@ -7,7 +7,8 @@ per-round series to plot, and a ``quick`` section that shrinks the grid to a smo
 appends settings to one benchmark's ``set`` / ``run_set``, e.g. fewer encoder rounds on images only).
 Every trial is one run x benchmark x target x seed; :func:`to_sweep` turns the grid into the
 :class:`experiments.sweep_grid.SweepSpec` that `fedsim sweep`'s machinery runs as Ray Tune trials.
-The format is documented in ``docs/cluster.md`` ("Reproducing a paper").
+The format is documented in ``docs/cluster.md`` ("Reproducing a paper"); its keys are checked by
+:mod:`experiments.reproduce_format`.
 """
 
 from __future__ import annotations
@@ -19,83 +20,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
+from experiments.reproduce_format import DEFAULT_METRICS, Claim, Row, check_keys, strings
 from experiments.sweep_grid import VARIANT_KEY, SweepSpec
 from fedsim.errors import UserError
 
 SPECS_DIR = Path(__file__).parent / "specs"
 CONFIGS_DIR = Path(__file__).parent / "configs"
-DEFAULT_METRICS = {"target": "target_accuracy", "source": "source_accuracy"}
-KEYS = {
-    "spec": {
-        "paper",
-        "description",
-        "seeds",
-        "set",
-        "set_last",
-        "benchmarks",
-        "runs",
-        "rows",
-        "metrics",
-        "columns",
-        "claims",
-        "series",
-        "quick",
-    },
-    "benchmark": {"targets", "set", "run_set"},
-    "run": {"config", "set", "only"},
-    "row": {"name", "label", "run", "metrics", "vars"},
-    "claim": {"claim", "order", "metric", "strict", "benchmark", "target", "per_target"},
-    "series": {"metric", "title", "runs", "benchmark", "target", "split"},
-    "quick": {"seeds", "targets", "set", "run_set", "runs", "benchmarks"},
-}
-REQUIRED = {
-    "spec": ("paper", "benchmarks", "runs", "rows"),
-    "row": ("name",),
-    "claim": ("claim", "order"),
-    "series": ("metric", "runs"),
-}
 
 
 def available() -> list[str]:
     return sorted(p.stem for p in SPECS_DIR.glob("*.yaml"))
-
-
-def _check_keys(kind: str, raw: Any, where: str) -> dict:
-    if not isinstance(raw, dict):
-        raise UserError(f"{where} must be a mapping of keys ({', '.join(sorted(KEYS[kind]))}), got {raw!r}")
-    for key in raw:
-        if key not in KEYS[kind]:
-            close = difflib.get_close_matches(str(key), sorted(KEYS[kind]), n=1)
-            hint = f"did you mean {close[0]!r}?" if close else f"valid keys: {', '.join(sorted(KEYS[kind]))}"
-            raise UserError(f"unknown key {key!r} in {where}: {hint}")
-    for key in REQUIRED.get(kind, ()):
-        if key not in raw:
-            raise UserError(f"{where} has no {key!r}: every {kind} needs one")
-    return raw
-
-
-def _strings(value: Any, where: str) -> list[str]:
-    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        raise UserError(f"{where} must be a list of strings, got {value!r}")
-    return list(value)
-
-
-@dataclass
-class Row:
-    name: str
-    label: str
-    run: str
-    metrics: dict[str, str]  # metric name -> reference (see experiments.reproduce_results.metric_value)
-
-
-@dataclass
-class Claim:
-    text: str
-    order: list[list[tuple[str, str]]]  # groups of (row, metric), each group above the next
-    strict: bool
-    benchmark: Optional[str]
-    target: Optional[str]  # None: the mean over the benchmark's targets (or each target with per_target)
-    per_target: bool = False
 
 
 @dataclass
@@ -105,7 +39,7 @@ class PaperSpec:
     origin: Path  # folder that relative config paths start from
 
     def __post_init__(self):
-        raw = _check_keys("spec", self.raw, f"spec {self.name}")
+        raw = check_keys("spec", self.raw, f"spec {self.name}")
         for key, kind in (("benchmarks", dict), ("runs", dict), ("rows", list), ("claims", list), ("series", list)):
             if not isinstance(raw.get(key, kind()), kind):
                 raise UserError(
@@ -113,22 +47,22 @@ class PaperSpec:
                 )
         self.paper = str(raw["paper"])
         self.seeds = [int(s) for s in raw.get("seeds", [0])]
-        self.settings = _strings(raw.get("set", []), f"spec {self.name}: set")
-        self.last_settings = _strings(raw.get("set_last", []), f"spec {self.name}: set_last")  # after the runs' own
+        self.settings = strings(raw.get("set", []), f"spec {self.name}: set")
+        self.last_settings = strings(raw.get("set_last", []), f"spec {self.name}: set_last")  # after the runs' own
         self.benchmarks = {
-            name: _check_keys("benchmark", dict(b or {}), f"benchmark {name}") for name, b in raw["benchmarks"].items()
+            name: check_keys("benchmark", dict(b or {}), f"benchmark {name}") for name, b in raw["benchmarks"].items()
         }
         for name, bench in self.benchmarks.items():
-            _strings(bench.setdefault("targets", []), f"benchmark {name}: targets")
+            strings(bench.setdefault("targets", []), f"benchmark {name}: targets")
             if not bench["targets"]:
                 raise UserError(f"benchmark {name} lists no targets: give targets: [domain, ...]")
-        self.runs = {name: _check_keys("run", run, f"run {name}") for name, run in raw["runs"].items()}
+        self.runs = {name: check_keys("run", run, f"run {name}") for name, run in raw["runs"].items()}
         metrics = {**DEFAULT_METRICS, **(raw.get("metrics") or {})}
         self.rows = [self._row(r, metrics) for r in raw["rows"]]
-        self.columns = _strings(raw.get("columns", list(DEFAULT_METRICS)), f"spec {self.name}: columns")
+        self.columns = strings(raw.get("columns", list(DEFAULT_METRICS)), f"spec {self.name}: columns")
         self.claims = [self._claim(c) for c in raw.get("claims", [])]
         self.series = [
-            _check_keys("series", s, f"series {s.get('metric') if isinstance(s, dict) else s}")
+            check_keys("series", s, f"series {s.get('metric') if isinstance(s, dict) else s}")
             for s in raw.get("series", [])
         ]
         for s in self.series:
@@ -142,7 +76,7 @@ class PaperSpec:
                 raise UserError(f"{where} names an unknown {kind} {name!r}: {hint}")
 
     def _row(self, raw: dict, metrics: dict) -> Row:
-        raw = _check_keys("row", raw, f"row {raw.get('name') if isinstance(raw, dict) else raw}")
+        raw = check_keys("row", raw, f"row {raw.get('name') if isinstance(raw, dict) else raw}")
         run = raw.get("run", raw["name"])
         self._known("run", [run], self.runs, f"row {raw['name']}")
         values = {"row": raw["name"], "run": run, **{k: str(v) for k, v in (raw.get("vars") or {}).items()}}
@@ -156,7 +90,7 @@ class PaperSpec:
         return Row(raw["name"], str(raw.get("label", raw["name"])), run, resolved)
 
     def _claim(self, raw: dict) -> Claim:
-        raw = _check_keys("claim", raw, f"claim {raw.get('claim') if isinstance(raw, dict) else raw!r}")
+        raw = check_keys("claim", raw, f"claim {raw.get('claim') if isinstance(raw, dict) else raw!r}")
         metric = raw.get("metric", "target")
         rows = {r.name: r for r in self.rows}
         order = []
@@ -220,7 +154,8 @@ def load_spec(paper: Optional[str], spec_file: Optional[str]) -> PaperSpec:
             close = difflib.get_close_matches(paper, available(), n=1)
             hint = f"did you mean {close[0]!r}? " if close else ""
             raise UserError(
-                f"unknown paper {paper!r}: {hint}choose one of {', '.join(available())}, or give your own with --spec FILE"
+                f"unknown paper {paper!r}: {hint}choose one of {', '.join(available())}, "
+                "or give your own with --spec FILE"
             )
         path = SPECS_DIR / f"{paper}.yaml"
     else:
@@ -238,18 +173,18 @@ def _quick_benchmark(spec: PaperSpec, bench: str, extra: Any, old: Optional[dict
     (later settings win), its ``targets`` replacing the benchmark's; the other benchmarks are untouched."""
     where = f"spec {spec.name}: quick.benchmarks.{bench}"
     spec._known("benchmark", [bench], spec.benchmarks, f"spec {spec.name}: quick.benchmarks")
-    extra, old = _check_keys("benchmark", dict(extra or {}), where), dict(old or {})
+    extra, old = check_keys("benchmark", dict(extra or {}), where), dict(old or {})
     spec._known("run", list(extra.get("run_set") or {}), spec.runs, f"{where}.run_set")
     run_set = {run: list(items) for run, items in (old.get("run_set") or {}).items()}
     for run, items in (extra.get("run_set") or {}).items():
-        run_set[run] = run_set.get(run, []) + _strings(items, f"{where}.run_set.{run}")
+        run_set[run] = run_set.get(run, []) + strings(items, f"{where}.run_set.{run}")
     merged = {
         **old,
-        "set": list(old.get("set", [])) + _strings(extra.get("set", []), f"{where}.set"),
+        "set": list(old.get("set", [])) + strings(extra.get("set", []), f"{where}.set"),
         "run_set": run_set,
     }
     if "targets" in extra:
-        merged["targets"] = _strings(extra["targets"], f"{where}.targets")
+        merged["targets"] = strings(extra["targets"], f"{where}.targets")
     return merged
 
 
@@ -257,9 +192,9 @@ def shrink(spec: PaperSpec, quick: bool, seeds: Optional[list[int]]) -> PaperSpe
     """The grid that runs: ``--quick`` applies the spec's quick section, ``--seeds`` replaces the seeds."""
     raw = copy.deepcopy(spec.raw)
     if quick:
-        small = _check_keys("quick", dict(raw.pop("quick", None) or {}), f"spec {spec.name}: quick")
+        small = check_keys("quick", dict(raw.pop("quick", None) or {}), f"spec {spec.name}: quick")
         raw["seeds"] = small.get("seeds", raw.get("seeds", [0]))[:]
-        raw["set_last"] = list(raw.get("set_last", [])) + _strings(small.get("set", []), f"spec {spec.name}: quick.set")
+        raw["set_last"] = list(raw.get("set_last", [])) + strings(small.get("set", []), f"spec {spec.name}: quick.set")
         for bench, targets in (small.get("targets") or {}).items():
             spec._known("benchmark", [bench], spec.benchmarks, f"spec {spec.name}: quick.targets")
             raw["benchmarks"][bench] = {**(raw["benchmarks"][bench] or {}), "targets": list(targets)}
@@ -269,7 +204,7 @@ def shrink(spec: PaperSpec, quick: bool, seeds: Optional[list[int]]) -> PaperSpe
             spec._known("run", [run], spec.runs, f"spec {spec.name}: quick.run_set")
             raw["runs"][run] = {
                 **raw["runs"][run],
-                "set": list(raw["runs"][run].get("set", [])) + _strings(extra, f"quick.run_set.{run}"),
+                "set": list(raw["runs"][run].get("set", [])) + strings(extra, f"quick.run_set.{run}"),
             }
         if "runs" in small:
             spec._known("run", small["runs"], spec.runs, f"spec {spec.name}: quick.runs")

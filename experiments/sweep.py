@@ -96,7 +96,8 @@ def _resolve_out(args, spec: Optional[SweepSpec], base) -> Path:
         path = Path(args.out)
         if not (path / SPEC_FILE).is_file():
             raise UserError(
-                f"--out {args.out} holds no sweep ({SPEC_FILE} missing): give the directory of an earlier 'fedsim sweep'"
+                f"--out {args.out} holds no sweep ({SPEC_FILE} missing): "
+                "give the directory of an earlier 'fedsim sweep'"
             )
         return path
     out = args.out or f"runs/sweep-{time.strftime('%Y%m%d-%H%M%S')}-{base.data.benchmark}-{base.data.target}"
@@ -122,6 +123,29 @@ def _fit(tuner):
         for sig, handler in saved.items():
             if handler is not None:
                 signal.signal(sig, handler)
+
+
+def _tuner(spec: SweepSpec, plans: dict, out: Path, *, resume: bool, quiet: bool):
+    """The Tuner over the grid's trials (each placed by its plan), or the one restored from ``out``."""
+    from ray import tune
+
+    trainable = tune.with_resources(
+        tune.with_parameters(run_trial, spec_json=spec.to_json(), sweep_dir=str(out.resolve())), TrialResources(plans)
+    )
+    if resume:
+        tune_dir = str(out.resolve() / TUNE_NAME)
+        return tune.Tuner.restore(tune_dir, trainable=trainable, resume_unfinished=True, restart_errored=True)
+    return tune.Tuner(
+        trainable,
+        param_space={key: tune.grid_search(values) for key, values in spec.axes.items()},
+        tune_config=tune.TuneConfig(reuse_actors=True),
+        run_config=tune.RunConfig(
+            name=TUNE_NAME,
+            storage_path=str(out.resolve()),
+            verbose=0 if quiet else 1,
+            failure_config=tune.FailureConfig(max_failures=0),
+        ),
+    )
 
 
 def run_grid(
@@ -159,30 +183,13 @@ def run_grid(
         tune_dir = out.resolve() / TUNE_NAME
         if resume and not tune.Tuner.can_restore(str(tune_dir)):
             raise UserError(
-                f"--out {out} has no Tune state to resume ({tune_dir} is missing or empty): start anew in another directory"
+                f"--out {out} has no Tune state to resume ({tune_dir} is missing or empty): "
+                "start anew in another directory"
             )
         out.mkdir(parents=True, exist_ok=True)
         for name, text in ({} if resume else (files or {})).items():
             (out / name).write_text(text)
-        trainable = tune.with_resources(
-            tune.with_parameters(run_trial, spec_json=spec.to_json(), sweep_dir=str(out.resolve())),
-            TrialResources(plans),
-        )
-        if resume:
-            tuner = tune.Tuner.restore(str(tune_dir), trainable=trainable, resume_unfinished=True, restart_errored=True)
-        else:
-            param_space = {key: tune.grid_search(values) for key, values in spec.axes.items()}
-            tuner = tune.Tuner(
-                trainable,
-                param_space=param_space,
-                tune_config=tune.TuneConfig(reuse_actors=True),
-                run_config=tune.RunConfig(
-                    name=TUNE_NAME,
-                    storage_path=str(out.resolve()),
-                    verbose=0 if quiet else 1,
-                    failure_config=tune.FailureConfig(max_failures=0),
-                ),
-            )
+        tuner = _tuner(spec, plans, out, resume=resume, quiet=quiet)
         log.info("%d trials in %s", len(configs), out)
         return collect_records(_fit(tuner), spec, configs)
     finally:
@@ -198,7 +205,8 @@ def report_failures(records: list[dict], command: str, out: Path) -> int:
     unfinished = [r for r in records if r["status"] != "finished"]
     if unfinished:
         print(
-            f"fedsim: {len(unfinished)} of {len(records)} trials did not finish: continue with '{command} --resume --out {out}'",
+            f"fedsim: {len(unfinished)} of {len(records)} trials did not finish: "
+            f"continue with '{command} --resume --out {out}'",
             file=sys.stderr,
         )
         return 1
@@ -238,6 +246,7 @@ def run(args: argparse.Namespace) -> int:
     if not args.quiet:
         print(report_module.markdown_table(records))
         print(
-            f"sweep directory: {out}  ({', '.join(p.name for p in written)}, results.csv, rounds.csv; Tune: {out / TUNE_NAME})"
+            f"sweep directory: {out}  ({', '.join(p.name for p in written)}, results.csv, rounds.csv; "
+            f"Tune: {out / TUNE_NAME})"
         )
     return report_failures(records, "fedsim sweep", out)

@@ -160,7 +160,8 @@ def parse_list(flag: str, text: str, kind: type, example: str) -> list:
             value = kind(item) if kind is not int else int(item, 10)
         except ValueError:
             raise UserError(
-                f"bad value {item!r} in --{flag} {text!r}: give comma-separated {kind.__name__}s, e.g. --{flag} {example}"
+                f"bad value {item!r} in --{flag} {text!r}: "
+                f"give comma-separated {kind.__name__}s, e.g. --{flag} {example}"
             ) from None
         if value in values:
             raise UserError(f"--{flag} {text!r} lists {item!r} twice: give each value once")
@@ -187,7 +188,8 @@ def parse_set(items: list[str]) -> tuple[list[str], dict[str, list]]:
                 )
             if "," in text.split("=", 1)[1] and not text.split("=", 1)[1].strip().startswith(("[", "{")):
                 raise UserError(
-                    f"--set {name} takes one value: sweep a method's own parameter with --methods {section} --set method.{key}=..."
+                    f"--set {name} takes one value: "
+                    f"sweep a method's own parameter with --methods {section} --set method.{key}=..."
                 )
         if name in FORBIDDEN_SET:
             raise UserError(f"--set {text} is not allowed in a sweep: {FORBIDDEN_SET[name]}")

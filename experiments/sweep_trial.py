@@ -41,13 +41,15 @@ def plan_trial(config, num_clients: int, cluster: dict[str, float], backend: str
     if backend == "local":
         if cpus > total_cpus + 1e-9:
             raise UserError(
-                f"a trial needs {cpus:g} CPUs (resources.cpus_per_client) but the Ray cluster has {total_cpus:g}: lower it"
+                f"a trial needs {cpus:g} CPUs (resources.cpus_per_client) "
+                f"but the Ray cluster has {total_cpus:g}: lower it"
             )
         return TrialPlan(0, cpus, gpus)
     if cpus + TRIAL_CPUS > total_cpus + 1e-9:
         raise UserError(
-            f"a trial needs {cpus + TRIAL_CPUS:g} CPUs (one client actor at resources.cpus_per_client={cpus:g} + {TRIAL_CPUS:g} "
-            f"for the trial) but the Ray cluster has {total_cpus:g} now: lower --cpus-per-client, or wait for worker nodes (ray status)"
+            f"a trial needs {cpus + TRIAL_CPUS:g} CPUs (one client actor at resources.cpus_per_client={cpus:g} "
+            f"+ {TRIAL_CPUS:g} for the trial) but the Ray cluster has {total_cpus:g} now: "
+            "lower --cpus-per-client, or wait for worker nodes (ray status)"
         )
     if gpus > cluster.get("GPU", 0.0) + 1e-9:
         raise UserError(

@@ -1,4 +1,4 @@
-"""Only the processes that train import torch (issue 16): a FedAvg or FedProx driver and server stay numpy-only."""
+"""Only the processes that train import torch: a FedAvg or FedProx driver and server stay numpy-only."""
 
 import json
 import subprocess
@@ -6,8 +6,8 @@ import sys
 
 import pytest
 
-# The driver's whole path (config, federation, the method's checks, Simulator, metrics, TensorBoard, checkpoints) and the
-# server's (the method, setup standardization, rounds, aggregation, evaluation summaries) in a fresh interpreter,
+# The driver's whole path (config, federation, the method's checks, Simulator, metrics, TensorBoard, checkpoints) and
+# the server's (the method, setup standardization, rounds, aggregation, evaluation summaries) in a fresh interpreter,
 # with clients that reply in numpy as the client half would. The initial state comes from outside, as the Ray
 # backend hands it over from a client actor.
 NUMPY_CLIENTS = """
@@ -28,7 +28,8 @@ class NumpyClients(Executor):
                 stats = normalization.feature_stats(np.random.default_rng(cid).normal(size=(20, 8)))
                 replies[cid] = Reply(cid, stats.to_tensors(), {}, num_examples=20)
             elif ins.operation == "fit":
-                replies[cid] = Reply(cid, {k: v + cid for k, v in ins.tensors.items()}, {"train_loss": 0.5}, num_examples=10 * cid + 10)
+                tensors = {k: v + cid for k, v in ins.tensors.items()}
+                replies[cid] = Reply(cid, tensors, {"train_loss": 0.5}, num_examples=10 * cid + 10)
             else:
                 replies[cid] = Reply(cid, {}, {"correct": 3.0, "total": 4.0}, num_examples=4)
         return replies
@@ -37,12 +38,14 @@ class NumpyClients(Executor):
         return {}
 
 def open_numpy_backend(config, federation, num_cpus=None):
-    server = Server(config, federation, NumpyClients(), state={"weights": {"w": np.zeros(3, np.float32), "n": np.zeros(1, np.int64)}})
+    weights = {"w": np.zeros(3, np.float32), "n": np.zeros(1, np.int64)}
+    server = Server(config, federation, NumpyClients(), state={"weights": weights})
     return server, server.close
 
 fedsim.api.BACKENDS["ray"] = "__main__:open_numpy_backend"
-config = load_config(None, sys.argv[3:] + ["run.backend=ray", f"method.name={sys.argv[1]}", "run.rounds=3", "run.checkpoint_every=1",
-                                          "run.tensorboard=true"])
+settings = ["run.backend=ray", f"method.name={sys.argv[1]}", "run.rounds=3", "run.checkpoint_every=1",
+            "run.tensorboard=true"]
+config = load_config(None, sys.argv[3:] + settings)
 result = fedsim.api.run_experiment(config, sys.argv[2])
 loaded = sorted(m for m in sys.modules if m == "torch" or m.startswith("torch."))
 print(json.dumps({"w": result.global_tensors["w"].tolist(), "n": result.global_tensors["n"].tolist(),

@@ -1,0 +1,79 @@
+"""The vocabulary of a `fedsim reproduce` spec file: the keys each part accepts, the checks of their types, and
+the parsed rows and claims (:mod:`experiments.reproduce_spec` reads a whole spec with them)."""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from fedsim.errors import UserError
+
+DEFAULT_METRICS = {"target": "target_accuracy", "source": "source_accuracy"}
+KEYS = {
+    "spec": {
+        "paper",
+        "description",
+        "seeds",
+        "set",
+        "set_last",
+        "benchmarks",
+        "runs",
+        "rows",
+        "metrics",
+        "columns",
+        "claims",
+        "series",
+        "quick",
+    },
+    "benchmark": {"targets", "set", "run_set"},
+    "run": {"config", "set", "only"},
+    "row": {"name", "label", "run", "metrics", "vars"},
+    "claim": {"claim", "order", "metric", "strict", "benchmark", "target", "per_target"},
+    "series": {"metric", "title", "runs", "benchmark", "target", "split"},
+    "quick": {"seeds", "targets", "set", "run_set", "runs", "benchmarks"},
+}
+REQUIRED = {
+    "spec": ("paper", "benchmarks", "runs", "rows"),
+    "row": ("name",),
+    "claim": ("claim", "order"),
+    "series": ("metric", "runs"),
+}
+
+
+def check_keys(kind: str, raw: Any, where: str) -> dict:
+    if not isinstance(raw, dict):
+        raise UserError(f"{where} must be a mapping of keys ({', '.join(sorted(KEYS[kind]))}), got {raw!r}")
+    for key in raw:
+        if key not in KEYS[kind]:
+            close = difflib.get_close_matches(str(key), sorted(KEYS[kind]), n=1)
+            hint = f"did you mean {close[0]!r}?" if close else f"valid keys: {', '.join(sorted(KEYS[kind]))}"
+            raise UserError(f"unknown key {key!r} in {where}: {hint}")
+    for key in REQUIRED.get(kind, ()):
+        if key not in raw:
+            raise UserError(f"{where} has no {key!r}: every {kind} needs one")
+    return raw
+
+
+def strings(value: Any, where: str) -> list[str]:
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise UserError(f"{where} must be a list of strings, got {value!r}")
+    return list(value)
+
+
+@dataclass
+class Row:
+    name: str
+    label: str
+    run: str
+    metrics: dict[str, str]  # metric name -> reference (see experiments.reproduce_results.metric_value)
+
+
+@dataclass
+class Claim:
+    text: str
+    order: list[list[tuple[str, str]]]  # groups of (row, metric), each group above the next
+    strict: bool
+    benchmark: Optional[str]
+    target: Optional[str]  # None: the mean over the benchmark's targets (or each target with per_target)
+    per_target: bool = False
