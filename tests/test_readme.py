@@ -40,7 +40,7 @@ HISTORY = re.compile(
 
 
 def test_readme_and_docs_tell_no_history():
-    """The guide and the docs describe the product as it is: no issue numbers, sessions or passes (git log keeps those)."""
+    """README and docs describe the product as it is: no issue numbers, sessions or passes (git log keeps those)."""
     for path in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
         for number, line in enumerate(path.read_text().splitlines(), 1):
             match = HISTORY.search(line)
@@ -57,7 +57,9 @@ def test_every_results_table_is_in_the_readme_with_the_command_that_writes_it():
     assert tables, "results/ holds no table"
     for folder in tables:
         wanted = re.compile(rf"--out {re.escape(folder)}(\s|$)")
-        assert any(wanted.search(c) for c in commands), f"{folder}: no `fedsim reproduce ... --out {folder}` in the README"
+        assert any(wanted.search(c) for c in commands), (
+            f"{folder}: no `fedsim reproduce ... --out {folder}` in the README"
+        )
         assert (ROOT / folder / "spec.yaml").is_file(), f"{folder}: the spec that made it is missing"
 
 
