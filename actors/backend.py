@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
 import socket
 import time
-import warnings
 
 import ray
 
@@ -18,6 +18,9 @@ from fedsim.registry import METHODS
 
 log = logging.getLogger(__name__)
 
+#: the logger of Ray's notice that a fresh local cluster uses token authentication (Ray's default, kept); the
+#: cluster lives and dies with the run on this machine, so the notice asks nothing of the user
+RAY_AUTH_LOGGER = "ray._private.authentication.authentication_token_setup"
 #: wall-clock stamps (time.time()) of the last run's start-up and shutdown phases, read by the overhead benchmark
 TIMINGS: dict[str, float] = {}
 
@@ -29,7 +32,8 @@ def check_reachable(address: str) -> None:
     host, _, port = address.rpartition(":")
     if not host or not port.isdigit():
         raise UserError(
-            f"bad cluster address {address!r}: use host:port (e.g. 10.0.0.5:6379), 'auto', or omit --address for a local cluster"
+            f"bad cluster address {address!r}: use host:port (e.g. 10.0.0.5:6379), 'auto', "
+            "or omit --address for a local cluster"
         )
     try:
         with socket.create_connection((host, int(port)), timeout=5):
@@ -39,6 +43,18 @@ def check_reachable(address: str) -> None:
             f"cannot reach a Ray cluster at {address} ({exc.strerror or exc}): start one with 'ray start --head' "
             "or 'ray up cluster.yaml', or omit --address for a local cluster"
         ) from None
+
+
+@contextlib.contextmanager
+def quiet_logger(name: str):
+    """Only errors from the logger ``name`` while the block runs."""
+    logger = logging.getLogger(name)
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
 
 
 def connect(address: str | None, num_cpus: int | None = None) -> bool:
@@ -52,7 +68,8 @@ def connect(address: str | None, num_cpus: int | None = None) -> bool:
         if address:
             ray.init(address=address, **kwargs)
         else:  # "local": a fresh cluster even when a 'ray start' one is running (joining it takes --address auto)
-            ray.init(address="local", num_cpus=num_cpus or os.cpu_count(), **kwargs)
+            with quiet_logger(RAY_AUTH_LOGGER):
+                ray.init(address="local", num_cpus=num_cpus or os.cpu_count(), **kwargs)
     except ConnectionError as exc:
         raise UserError(
             f"cannot connect to a Ray cluster at {address!r} ({str(exc).splitlines()[0]}): "
@@ -60,6 +77,14 @@ def connect(address: str | None, num_cpus: int | None = None) -> bool:
             "authentication, set RAY_AUTH_MODE=token and RAY_AUTH_TOKEN_PATH"
         ) from None
     return True
+
+
+def gpus_or_cpu(gpus_per_client: float, cluster_gpus: float) -> float:
+    """The GPUs each client actor asks for: 0 (with one warning) when the cluster has none."""
+    if gpus_per_client > 0 and cluster_gpus == 0:
+        log.warning("--gpus-per-client %g asked for GPUs but the Ray cluster has none: running on CPU", gpus_per_client)
+        return 0.0
+    return gpus_per_client
 
 
 def plan_actors(config, federation) -> tuple[int, dict[int, int], float]:
@@ -70,15 +95,7 @@ def plan_actors(config, federation) -> tuple[int, dict[int, int], float]:
     """
     resources = ray.cluster_resources()
     cpus = resources.get("CPU", 1.0)
-    gpus_per_client = config.resources.gpus_per_client
-    if gpus_per_client > 0 and resources.get("GPU", 0) == 0:
-        warnings.warn(
-            f"--gpus-per-client {gpus_per_client} asked for GPUs but the Ray cluster has none: running on CPU",
-            RuntimeWarning,
-            stacklevel=2,
-        )
-        log.warning("the Ray cluster has no GPUs: client actors run on CPU")
-        gpus_per_client = 0.0
+    gpus_per_client = gpus_or_cpu(config.resources.gpus_per_client, resources.get("GPU", 0))
     slots = max(1, math.floor(cpus / config.resources.cpus_per_client + 1e-9))
     if gpus_per_client > 0:
         slots = min(slots, max(1, math.floor(resources["GPU"] / gpus_per_client + 1e-9)))

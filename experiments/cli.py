@@ -1,4 +1,5 @@
-"""The ``fedsim`` command line: ``fedsim run``, ``fedsim sweep``, ``fedsim reproduce``, ``fedsim report`` and ``fedsim list``.
+"""The ``fedsim`` command line: ``fedsim run``, ``fedsim sweep``, ``fedsim reproduce``, ``fedsim report``,
+``fedsim diagnose`` and ``fedsim list``.
 
 Bad input ends with one line naming the problem and the fix, exit code 2, before anything is written
 (numeric flags are range-checked by :mod:`experiments.flags`, the same rule for every command).
@@ -17,28 +18,25 @@ from experiments.flags import check_numeric_flags
 from fedsim.errors import UserError
 
 log = logging.getLogger("fedsim")
-
-FLAG_TO_KEY = {
-    "method": "method.name",
-    "benchmark": "data.benchmark",
-    "target": "data.target",
-    "rounds": "run.rounds",
-    "local_epochs": "method.local_epochs",
-    "clients_per_domain": "data.clients_per_domain",
-    "seed": "run.seed",
-    "backend": "run.backend",
-    "address": "run.address",
-    "cpus_per_client": "resources.cpus_per_client",
-    "gpus_per_client": "resources.gpus_per_client",
-    "clients_per_round": "run.clients_per_round",
-    "sources": "data.sources",
-    "inject_faults": "ray.inject_faults",
-}
+#: loggers whose INFO lines say nothing a user can act on (the embedded digits domains build in seconds)
+QUIET_LOGGERS = ("fedsim.data.benchmarks.digits",)
 
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str):  # one line, exit code 2 (argparse's default prints the whole usage)
         self.exit(2, f"fedsim: error: {message} (see '{self.prog} --help')\n")
+
+
+def _optional_command(module: str):
+    """The module of a command, or None while it is not part of this checkout."""
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as exc:
+        if exc.name != module:
+            raise
+        return None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -77,7 +75,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument("-q", "--quiet", action="store_true", help="no progress bar and no table")
     sub.add_parser("list", help="list methods (with their task), benchmarks and their domains")
-    from experiments import report, reproduce, sweep  # light imports: Ray and matplotlib load only when a command runs
+    # light imports: Ray and matplotlib load only when a command runs
+    from experiments import report, reproduce, sweep
 
     sweep.add_arguments(
         sub.add_parser("sweep", help="Ray Tune grid over methods x local epochs x seeds (x any --set list)")
@@ -86,20 +85,21 @@ def build_parser() -> argparse.ArgumentParser:
         sub.add_parser("reproduce", help="run a paper's protocol (a spec: grid + claims) as Ray Tune trials")
     )
     report.add_arguments(sub.add_parser("report", help="plots and a markdown table for a run or a sweep directory"))
+    diagnose = _optional_command("experiments.diagnose")
+    if diagnose is not None:
+        diagnose.add_arguments(sub.add_parser("diagnose", help="tools that explain a result, e.g. where atoms sit"))
     return parser
 
 
 def config_from_args(args: argparse.Namespace):
-    from fedsim.config import load_config
+    """The ExperimentConfig of ``fedsim run``: the YAML file, then ``--set`` (YAML scalars), then the named flags
+    (one map, ``fedsim.config.KEYWORDS``, shared with ``fedsim.run``)."""
+    from fedsim.config import KEYWORDS, keyword_values, load_config
 
-    overrides = list(args.set)
-    for flag, key in FLAG_TO_KEY.items():
-        value = getattr(args, flag, None)
-        if value is not None:
-            overrides.append(f"{key}={value}")
+    values = keyword_values({flag: getattr(args, flag, None) for flag in KEYWORDS})
     if getattr(args, "quiet", False):
-        overrides.append("run.progress=false")
-    return load_config(args.config, overrides)
+        values["run.progress"] = False
+    return load_config(args.config, args.set, values=values)
 
 
 def resolve_out_dir(config, out: Optional[str]) -> Path:
@@ -122,14 +122,16 @@ def format_table(summary: dict, out_dir: Path) -> str:
         rows.append((domain, "source", f"{acc:.4f}"))
     widths = [max(len(r[i]) for r in rows) for i in range(3)]
     lines = [
-        f"{summary['method']} on {summary['benchmark']}, {summary['rounds']} rounds, {summary['backend']} backend, seed {summary['seed']}"
+        f"{summary['method']} on {summary['benchmark']}, {summary['rounds']} rounds, "
+        f"{summary['backend']} backend, seed {summary['seed']}"
     ]
     for i, row in enumerate(rows):
         lines.append("  ".join(cell.ljust(w) for cell, w in zip(row, widths)))
         if i == 0:
             lines.append("  ".join("-" * w for w in widths))
     lines.append(
-        f"bytes sent {summary['bytes_sent']:,}  received {summary['bytes_received']:,}  wall {summary['wall_seconds']:.1f} s"
+        f"bytes sent {summary['bytes_sent']:,}  received {summary['bytes_received']:,}  "
+        f"wall {summary['wall_seconds']:.1f} s"
     )
     lines.append(f"run directory: {out_dir}  (tensorboard --logdir {out_dir / 'tb'})")
     return "\n".join(lines)
@@ -142,18 +144,21 @@ def cmd_run(args) -> int:
     from fedsim.api import run_experiment
 
     if args.resume:
-        from fedsim.config import load_config
+        from fedsim.config import keyword_values, load_config
         from fedsim.runtime.checkpoint import load_checkpoint
 
         given = [k for k, v in vars(args).items() if k not in RESUME_COMPATIBLE and v not in (None, [], False)]
         if given:
             raise UserError(
-                f"--resume continues a run with its saved config: drop --{given[0].replace('_', '-')} (only --backend and --address may change)"
+                f"--resume continues a run with its saved config: drop --{given[0].replace('_', '-')} "
+                "(only --backend and --address may change)"
             )
         out_dir = Path(args.resume)
         payload = load_checkpoint(out_dir)
-        overrides = [f"{FLAG_TO_KEY[f]}={getattr(args, f)}" for f in ("backend", "address") if getattr(args, f)]
-        config = load_config(out_dir / "config.yaml", overrides + (["run.progress=false"] if args.quiet else []))
+        values = keyword_values({"backend": args.backend, "address": args.address})
+        if args.quiet:
+            values["run.progress"] = False
+        config = load_config(out_dir / "config.yaml", values=values)
         result = run_experiment(config, out_dir, resume=payload)
         if not args.quiet:
             print(format_table(result.summary, out_dir))
@@ -186,7 +191,8 @@ def cmd_list() -> int:
         except UserError as exc:
             domains = f"(user files: {exc})"
         print(
-            f"  {name:{width}s} {type(benchmark).task:14s} {type(benchmark).description()}\n  {'':{width}s} domains: {domains}"
+            f"  {name:{width}s} {type(benchmark).task:14s} {type(benchmark).description()}\n"
+            f"  {'':{width}s} domains: {domains}"
         )
     return 0
 
@@ -197,6 +203,7 @@ COMMANDS = {
     "sweep": "experiments.sweep",
     "reproduce": "experiments.reproduce",
     "report": "experiments.report",
+    "diagnose": "experiments.diagnose",
 }
 #: numeric flags that take comma lists, per command
 LIST_FLAGS = {"sweep": ("local_epochs", "seeds", "cpus_per_client", "gpus_per_client"), "reproduce": ("seeds",)}
@@ -216,6 +223,8 @@ def dispatch(args) -> int:
 def main(argv: Optional[Sequence[str]] = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("fedsim").setLevel(logging.INFO)
+    for name in QUIET_LOGGERS:
+        logging.getLogger(name).setLevel(logging.WARNING)
     parser = build_parser()
     args, unknown = parser.parse_known_args(argv)
     if unknown:  # name the subcommand whose --help lists the right flags

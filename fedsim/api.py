@@ -16,30 +16,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, Optional
 
-from fedsim.config import ExperimentConfig, load_config
+from fedsim.config import ExperimentConfig, keyword_values, load_config
 from fedsim.data.scenario import Federation, build_federation
-from fedsim.errors import UserError
 
 log = logging.getLogger(__name__)
 
 #: backend name -> "module:function" returning ``(server handle, close)`` for (config, federation, num_cpus)
 BACKENDS = {"local": "fedsim.api:open_local", "ray": "actors.backend:open_server"}
-#: keyword arguments of :func:`run` -> config keys (the same names as the CLI flags)
-SHORT_KEYS = {
-    "method": "method.name",
-    "benchmark": "data.benchmark",
-    "target": "data.target",
-    "sources": "data.sources",
-    "rounds": "run.rounds",
-    "local_epochs": "method.local_epochs",
-    "clients_per_domain": "data.clients_per_domain",
-    "clients_per_round": "run.clients_per_round",
-    "seed": "run.seed",
-    "backend": "run.backend",
-    "address": "run.address",
-    "cpus_per_client": "resources.cpus_per_client",
-    "gpus_per_client": "resources.gpus_per_client",
-}
 
 
 @dataclass
@@ -88,6 +71,20 @@ def run_experiment(
         close()
 
 
+def make_config(
+    config: ExperimentConfig | str | Path | None = None, set: Optional[Mapping[str, Any]] = None, **settings
+) -> ExperimentConfig:
+    """The ExperimentConfig that :func:`run` runs, built from typed values (nothing is written or started).
+
+    ``config`` is used as it is when nothing else is given; ``settings`` take the names of the ``fedsim run`` flags
+    (``KEYWORDS`` in :mod:`fedsim.config`), ``set`` any dotted key (``{"method.lr": 0.01}``). Without a config
+    object: the local backend and no progress bar, unless the settings say otherwise."""
+    values = {**keyword_values(settings), **(set or {})}
+    if isinstance(config, ExperimentConfig):
+        return load_config(None, base=config.to_dict(), values=values) if values else config
+    return load_config(config, values={"run.backend": "local", "run.progress": False, **values})
+
+
 def run(
     config: ExperimentConfig | str | Path | None = None,
     out: Optional[str | Path] = None,
@@ -97,21 +94,4 @@ def run(
     """Run one experiment; ``config`` is an ExperimentConfig or a YAML file, ``settings`` the CLI's names
     (``method``, ``benchmark``, ``target``, ``rounds``, ``local_epochs``, ``seed``, ``backend``, ...),
     ``set`` any dotted key (``{"method.lr": 0.01}``). Without a config: the local backend, no progress bar."""
-    unknown = sorted(name for name in settings if name not in SHORT_KEYS)
-    if unknown:
-        raise UserError(
-            f"fedsim.run got unknown argument(s) {unknown}: use {', '.join(SHORT_KEYS)}, or set={{'section.key': value}}"
-        )
-    overrides = [f"{SHORT_KEYS[k]}={_as_text(v)}" for k, v in settings.items() if v is not None]
-    overrides += [f"{k}={_as_text(v)}" for k, v in (set or {}).items()]
-    if isinstance(config, ExperimentConfig):
-        config = load_config(None, overrides, base=config.to_dict())
-    else:
-        config = load_config(config, ["run.backend=local", "run.progress=false"] + overrides)
-    return run_experiment(config, Path(out) if out is not None else None)
-
-
-def _as_text(value: Any) -> str:
-    if isinstance(value, (list, tuple)):
-        return ",".join(str(v) for v in value)
-    return str(value).lower() if isinstance(value, bool) else str(value)
+    return run_experiment(make_config(config, set, **settings), Path(out) if out is not None else None)

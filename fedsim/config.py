@@ -10,17 +10,16 @@ parameters live in ``method.<name>`` and are checked against the method's own
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import os
 import typing
 from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Iterable, Mapping, Optional
 
 import yaml
 
 from fedsim.errors import UserError
-from fedsim.validation import check_task_pair, coerce_value, validate
+from fedsim.validation import build_checked, check_task_pair, closest, split_method_keys, validate
 
 
 def default_cache_dir() -> str:
@@ -106,6 +105,25 @@ MOVED_KEYS = {
 }
 
 
+#: ``fedsim run`` flags (argparse names) and ``fedsim.run`` keywords -> config keys
+KEYWORDS = {
+    "method": "method.name",
+    "benchmark": "data.benchmark",
+    "target": "data.target",
+    "sources": "data.sources",
+    "rounds": "run.rounds",
+    "local_epochs": "method.local_epochs",
+    "clients_per_domain": "data.clients_per_domain",
+    "clients_per_round": "run.clients_per_round",
+    "seed": "run.seed",
+    "backend": "run.backend",
+    "address": "run.address",
+    "cpus_per_client": "resources.cpus_per_client",
+    "gpus_per_client": "resources.gpus_per_client",
+    "inject_faults": "ray.inject_faults",
+}
+
+
 @dataclass(frozen=True)
 class ExperimentConfig:
     data: DataConfig = field(default_factory=DataConfig)
@@ -138,24 +156,11 @@ def to_plain(obj: Any) -> Any:
     return obj
 
 
-def _closest(name: str, valid: list[str]) -> str:
-    close = difflib.get_close_matches(name, valid, n=1)
-    return f"did you mean {close[0]!r}?" if close else f"valid keys: {', '.join(sorted(valid))}"
-
-
-def _build(cls: type, values: dict, where: str, extra_valid: tuple[str, ...] = ()) -> Any:
-    hints = typing.get_type_hints(cls)
-    valid = [f.name for f in fields(cls)]
-    kwargs = {}
-    for key, value in values.items():
-        if key not in valid:
-            moved = MOVED_KEYS.get(f"{where}.{key}")
-            hint = (
-                f"it moved to {moved!r} (Ray backend settings)" if moved else _closest(key, valid + list(extra_valid))
-            )
-            raise UserError(f"unknown config key '{where}.{key}': {hint}")
-        kwargs[key] = coerce_value(value, hints[key], f"{where}.{key}")
-    return cls(**kwargs)
+def _split_key(key: str) -> list[str]:
+    path = [p for p in key.strip().split(".") if p]
+    if len(path) != 2:
+        raise UserError(f"bad override key {key!r}: write it as section.key=value, sections: {', '.join(SECTIONS)}")
+    return path
 
 
 def parse_override(text: str) -> tuple[list[str], Any]:
@@ -163,9 +168,7 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     if "=" not in text:
         raise UserError(f"bad override {text!r}: write it as section.key=value, e.g. method.lr=0.01")
     key, raw = text.split("=", 1)
-    path = [p for p in key.strip().split(".") if p]
-    if len(path) != 2:
-        raise UserError(f"bad override key {key!r}: write it as section.key=value, sections: {', '.join(SECTIONS)}")
+    path = _split_key(key)
     try:
         value = yaml.safe_load(raw) if raw.strip() else ""
     except yaml.YAMLError:
@@ -189,87 +192,103 @@ def read_yaml(path: str | Path) -> dict:
     return data
 
 
-def build_config(raw: dict) -> ExperimentConfig:
-    """Nested dict (YAML) -> ExperimentConfig, with every key checked."""
-    from fedsim.registry import METHODS
-
-    sections: dict[str, Any] = {}
+def _check_sections(raw: dict) -> dict[str, dict]:
+    sections: dict[str, dict] = {}
     for name, value in raw.items():
         if name not in SECTIONS:
-            raise UserError(f"unknown config section {name!r}: {_closest(str(name), list(SECTIONS))}")
+            raise UserError(f"unknown config section {name!r}: {closest(str(name), list(SECTIONS))}")
         if value is None:
             value = {}
         if not isinstance(value, dict):
             raise UserError(f"config section {name!r} must be a mapping of keys to values")
-        sections[name] = value
-    method_raw = dict(sections.get("method", {}))
-    method_name = str(method_raw.get("name", MethodConfig.name))
-    method_cls = METHODS.get(method_name)
-    for section, defaults in getattr(method_cls, "config_defaults", {}).items():  # the method's own defaults
-        merged = dict(defaults)
-        merged.update(method_raw if section == "method" else sections.get(section, {}))
-        if section == "method":
-            method_raw = merged
-        else:
-            sections[section] = merged
-    data_raw = dict(sections.get("data", {}))
-    if str(data_raw.get("target", "auto")) == "auto":
-        from fedsim.registry import BENCHMARKS
+        sections[name] = dict(value)
+    return sections
 
-        benchmark_name = str(data_raw.get("benchmark", DataConfig.benchmark))
-        default_target = getattr(BENCHMARKS.get(benchmark_name), "default_target", None)
-        if default_target is None:
-            raise UserError(
-                f"benchmark {benchmark_name!r} has no default target domain: pass --target (see 'fedsim list')"
-            )
-        data_raw["target"] = default_target
-        sections["data"] = data_raw
+
+def _apply_method_defaults(method_cls: type, sections: dict[str, dict]) -> None:
+    """The method's own defaults (``config_defaults``) under what the config gives."""
+    for section, defaults in getattr(method_cls, "config_defaults", {}).items():
+        sections[section] = {**defaults, **sections.get(section, {})}
+
+
+def _resolve_target(data_raw: dict) -> None:
+    """``data.target: auto`` -> the benchmark's default target domain."""
+    from fedsim.registry import BENCHMARKS
+
+    if str(data_raw.get("target", "auto")) != "auto":
+        return
+    benchmark_name = str(data_raw.get("benchmark", DataConfig.benchmark))
+    default_target = getattr(BENCHMARKS.get(benchmark_name), "default_target", None)
+    if default_target is None:
+        raise UserError(f"benchmark {benchmark_name!r} has no default target domain: pass --target (see 'fedsim list')")
+    data_raw["target"] = default_target
+
+
+def _build_method(method_cls: type, method_raw: dict) -> MethodConfig:
+    """The common method keys into MethodConfig, the rest into the method's own ``Params``."""
     params_cls = getattr(method_cls, "Params", NoParams)
-    common = {f.name for f in fields(MethodConfig)} - {"params"}
-    params_valid = [f.name for f in fields(params_cls)]
-    clash = sorted(common & set(params_valid))
-    if clash:
-        raise TypeError(f"{method_cls.__name__}.Params redefines common method keys {clash}: use the common ones")
-    params_raw = {k: method_raw.pop(k) for k in list(method_raw) if k not in common}
-    for key in params_raw:
-        if key not in params_valid:
-            raise UserError(
-                f"unknown config key 'method.{key}' for method {method_name!r}: "
-                f"{_closest(key, sorted(common) + params_valid)}"
-            )
-    params = _build(params_cls, params_raw, "method")
-    method_raw.pop("params", None)
+    common, params = split_method_keys(method_cls, params_cls, method_raw, [f.name for f in fields(MethodConfig)])
+    extra = tuple(f.name for f in fields(params_cls))
+    return dataclasses.replace(
+        build_checked(MethodConfig, common, "method", extra, moved=MOVED_KEYS),
+        params=build_checked(params_cls, params, "method", moved=MOVED_KEYS),
+    )
+
+
+def build_config(raw: dict) -> ExperimentConfig:
+    """Nested dict (YAML, or typed values) -> ExperimentConfig, with every key checked."""
+    from fedsim.registry import METHODS
+
+    sections = _check_sections(raw)
+    method_cls = METHODS.get(str(sections.get("method", {}).get("name", MethodConfig.name)))
+    _apply_method_defaults(method_cls, sections)
+    sections.setdefault("data", {})
+    _resolve_target(sections["data"])
     built = {
-        "data": _build(DataConfig, sections.get("data", {}), "data"),
-        "model": _build(ModelConfig, sections.get("model", {}), "model"),
-        "method": dataclasses.replace(_build(MethodConfig, method_raw, "method", tuple(params_valid)), params=params),
-        "run": _build(RunConfig, sections.get("run", {}), "run"),
-        "resources": _build(ResourcesConfig, sections.get("resources", {}), "resources"),
-        "ray": _build(RayConfig, sections.get("ray", {}), "ray"),
+        name: build_checked(cls, sections.get(name, {}), name, moved=MOVED_KEYS)
+        for name, cls in typing.get_type_hints(ExperimentConfig).items()
+        if name != "method"
     }
-    config = ExperimentConfig(**built)
+    config = ExperimentConfig(method=_build_method(method_cls, sections.get("method", {})), **built)
     validate(config)
     check_task_pair(method_cls, config.data.benchmark)
     return config
 
 
+def keyword_values(settings: Mapping[str, Any]) -> dict[str, Any]:
+    """Flag or keyword names (``KEYWORDS``) -> ``{dotted config key: value}``; ``None`` values are left out."""
+    unknown = sorted(name for name in settings if name not in KEYWORDS)
+    if unknown:
+        raise UserError(
+            f"fedsim.run got unknown argument(s) {unknown}: use {', '.join(KEYWORDS)}, or set={{'section.key': value}}"
+        )
+    return {KEYWORDS[name]: value for name, value in settings.items() if value is not None}
+
+
 def load_config(
-    path: str | Path | None = None, overrides: list[str] | None = None, base: dict | None = None
+    path: str | Path | None = None,
+    overrides: Iterable[str] | None = None,
+    base: dict | None = None,
+    values: Mapping[str, Any] | None = None,
 ) -> ExperimentConfig:
-    """YAML file (optional) + dotted overrides -> validated ExperimentConfig."""
+    """``base`` dict, then the YAML file, then dotted ``overrides`` (``"section.key=value"`` texts, values parsed as
+    YAML scalars), then ``values`` (``{"section.key": value}``, typed values taken as they are) -> a validated
+    ExperimentConfig. Every value is checked against its field's type."""
     raw: dict = {k: dict(v) for k, v in (base or {}).items()}
     if path is not None:
-        for section, values in read_yaml(path).items():
-            if isinstance(values, dict):
-                raw.setdefault(section, {}).update(values)
+        for section, section_values in read_yaml(path).items():
+            if isinstance(section_values, dict):
+                raw.setdefault(section, {}).update(section_values)
             else:
-                raw[section] = values
-    for text in overrides or []:
-        (section, key), value = parse_override(text)
+                raw[section] = section_values
+    pairs = [parse_override(text) for text in overrides or []]
+    pairs += [(_split_key(key), value) for key, value in (values or {}).items()]
+    for (section, key), value in pairs:
         if section not in SECTIONS:
-            raise UserError(f"unknown config section {section!r} in --set {text}: {_closest(section, list(SECTIONS))}")
-        raw.setdefault(section, {})
-        if not isinstance(raw[section], dict):
+            raise UserError(
+                f"unknown config section {section!r} in {section}.{key}: {closest(section, list(SECTIONS))}"
+            )
+        if not isinstance(raw.get(section), dict):
             raw[section] = {}
         raw[section][key] = value
     return build_config(raw)

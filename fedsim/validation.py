@@ -6,8 +6,10 @@ turns it into exit code 2 before anything is written.
 
 from __future__ import annotations
 
+import difflib
 import typing
-from typing import Any
+from dataclasses import fields
+from typing import Any, Mapping
 
 from fedsim.errors import UserError
 
@@ -60,82 +62,127 @@ def coerce_value(value: Any, annotation: Any, where: str) -> Any:
     return value
 
 
-def validate(config) -> None:
-    """Range checks that do not need the data."""
-    checks = [
+def closest(name: str, valid: list[str]) -> str:
+    """The valid name closest to ``name``, as a hint (or the list of valid names)."""
+    match = difflib.get_close_matches(name, valid, n=1)
+    return f"did you mean {match[0]!r}?" if match else f"valid keys: {', '.join(sorted(valid))}"
+
+
+def build_checked(
+    cls: type, values: dict, where: str, extra_valid: tuple[str, ...] = (), moved: Mapping[str, str] | None = None
+) -> Any:
+    """``cls(**values)`` with every key known (``moved``: old dotted key -> new) and every value of its field's type."""
+    hints = typing.get_type_hints(cls)
+    valid = [f.name for f in fields(cls)]
+    kwargs = {}
+    for key, value in values.items():
+        if key not in valid:
+            new = (moved or {}).get(f"{where}.{key}")
+            hint = f"it moved to {new!r} (Ray backend settings)" if new else closest(key, valid + list(extra_valid))
+            raise UserError(f"unknown config key '{where}.{key}': {hint}")
+        kwargs[key] = coerce_value(value, hints[key], f"{where}.{key}")
+    return cls(**kwargs)
+
+
+def split_method_keys(
+    method_cls: type, params_cls: type, method_raw: dict, common_keys: list[str]
+) -> tuple[dict, dict]:
+    """The method section -> (the keys every method has, the method's own ``Params`` keys), unknown keys refused."""
+    common = set(common_keys) - {"params"}
+    params_valid = [f.name for f in fields(params_cls)]
+    clash = sorted(common & set(params_valid))
+    if clash:
+        raise TypeError(f"{method_cls.__name__}.Params redefines common method keys {clash}: use the common ones")
+    for key in method_raw:
+        if key not in common and key != "params" and key not in params_valid:
+            raise UserError(
+                f"unknown config key 'method.{key}' for method {method_cls.registry_name!r}: "
+                f"{closest(key, sorted(common) + params_valid)}"
+            )
+    shared = {k: v for k, v in method_raw.items() if k in common}
+    return shared, {k: v for k, v in method_raw.items() if k in params_valid}
+
+
+def _method_and_run_checks(config) -> list[tuple[bool, str]]:
+    method, run = config.method, config.run
+    return [
+        (run.rounds > 0, f"run.rounds must be a positive integer, got {run.rounds}: pass --rounds 1 or more"),
         (
-            config.run.rounds > 0,
-            f"run.rounds must be a positive integer, got {config.run.rounds}: pass --rounds 1 or more",
+            method.local_epochs > 0,
+            f"method.local_epochs must be positive, got {method.local_epochs}: pass --local-epochs 1 or more",
+        ),
+        (method.batch_size > 0, f"method.batch_size must be positive, got {method.batch_size}"),
+        (method.lr > 0, f"method.lr must be positive, got {method.lr}"),
+        (
+            run.backend in ("ray", "local"),
+            f"run.backend must be 'ray' or 'local', got {run.backend!r}: pass --backend ray or --backend local",
         ),
         (
-            config.method.local_epochs > 0,
-            f"method.local_epochs must be positive, got {config.method.local_epochs}: pass --local-epochs 1 or more",
+            run.clients_per_round is None or run.clients_per_round > 0,
+            f"run.clients_per_round must be positive, got {run.clients_per_round}: pass a count or a fraction",
         ),
-        (config.method.batch_size > 0, f"method.batch_size must be positive, got {config.method.batch_size}"),
-        (config.method.lr > 0, f"method.lr must be positive, got {config.method.lr}"),
+        (run.checkpoint_every >= 0, f"run.checkpoint_every must be 0 (off) or positive, got {run.checkpoint_every}"),
+        (run.eval_every > 0, f"run.eval_every must be positive, got {run.eval_every}"),
+    ]
+
+
+def _data_checks(data) -> list[tuple[bool, str]]:
+    return [
         (
-            config.data.clients_per_domain > 0,
-            f"data.clients_per_domain must be positive, got {config.data.clients_per_domain}: pass --clients-per-domain 1 or more",
-        ),
-        (
-            config.data.partition in ("iid", "dirichlet"),
-            f"data.partition must be 'iid' or 'dirichlet', got {config.data.partition!r}",
-        ),
-        (
-            config.data.normalization in ("auto", "none", "federated", "per-domain"),
-            f"data.normalization must be auto, none, federated or per-domain, got {config.data.normalization!r}",
+            data.clients_per_domain > 0,
+            f"data.clients_per_domain must be positive, got {data.clients_per_domain}: "
+            "pass --clients-per-domain 1 or more",
         ),
         (
-            config.data.target not in config.data.sources,
-            f"data.sources must not contain the target {config.data.target!r}",
-        ),
-        (config.data.dirichlet_alpha > 0, f"data.dirichlet_alpha must be positive, got {config.data.dirichlet_alpha}"),
-        (
-            config.run.backend in ("ray", "local"),
-            f"run.backend must be 'ray' or 'local', got {config.run.backend!r}: pass --backend ray or --backend local",
+            data.partition in ("iid", "dirichlet"),
+            f"data.partition must be 'iid' or 'dirichlet', got {data.partition!r}",
         ),
         (
-            config.run.clients_per_round is None or config.run.clients_per_round > 0,
-            f"run.clients_per_round must be positive, got {config.run.clients_per_round}: pass a count or a fraction",
+            data.normalization in ("auto", "none", "federated", "per-domain"),
+            f"data.normalization must be auto, none, federated or per-domain, got {data.normalization!r}",
         ),
+        (data.target not in data.sources, f"data.sources must not contain the target {data.target!r}"),
+        (data.dirichlet_alpha > 0, f"data.dirichlet_alpha must be positive, got {data.dirichlet_alpha}"),
         (
-            config.run.checkpoint_every >= 0,
-            f"run.checkpoint_every must be 0 (off) or positive, got {config.run.checkpoint_every}",
-        ),
-        (config.run.eval_every > 0, f"run.eval_every must be positive, got {config.run.eval_every}"),
-        (
-            config.resources.cpus_per_client > 0,
-            f"resources.cpus_per_client must be positive, got {config.resources.cpus_per_client}: pass --cpus-per-client 0.5 or more",
-        ),
-        (config.ray.max_restarts >= 0, f"ray.max_restarts must be 0 or more, got {config.ray.max_restarts}"),
-        (
-            config.ray.call_timeout_s >= 0,
-            f"ray.call_timeout_s must be 0 (wait forever) or more, got {config.ray.call_timeout_s}",
-        ),
-        (
-            config.ray.max_actors is None or config.ray.max_actors > 0,
-            f"ray.max_actors must be positive, got {config.ray.max_actors}",
-        ),
-        (
-            config.ray.inject_faults >= 0,
-            f"ray.inject_faults must be 0 or more, got {config.ray.inject_faults}: pass --inject-faults 0 or more",
-        ),
-        (
-            config.resources.gpus_per_client >= 0,
-            f"resources.gpus_per_client must be 0 or more, got {config.resources.gpus_per_client}",
-        ),
-        (
-            config.data.max_train_per_domain is None or config.data.max_train_per_domain > 0,
+            data.max_train_per_domain is None or data.max_train_per_domain > 0,
             "data.max_train_per_domain must be positive",
         ),
     ]
+
+
+def _resource_checks(resources, ray) -> list[tuple[bool, str]]:
+    return [
+        (
+            resources.cpus_per_client > 0,
+            f"resources.cpus_per_client must be positive, got {resources.cpus_per_client}: "
+            "pass --cpus-per-client 0.5 or more",
+        ),
+        (
+            resources.gpus_per_client >= 0,
+            f"resources.gpus_per_client must be 0 or more, got {resources.gpus_per_client}",
+        ),
+        (ray.max_restarts >= 0, f"ray.max_restarts must be 0 or more, got {ray.max_restarts}"),
+        (ray.call_timeout_s >= 0, f"ray.call_timeout_s must be 0 (wait forever) or more, got {ray.call_timeout_s}"),
+        (ray.max_actors is None or ray.max_actors > 0, f"ray.max_actors must be positive, got {ray.max_actors}"),
+        (
+            ray.inject_faults >= 0,
+            f"ray.inject_faults must be 0 or more, got {ray.inject_faults}: pass --inject-faults 0 or more",
+        ),
+    ]
+
+
+def validate(config) -> None:
+    """Range checks that do not need the data; the first failing one raises."""
+    checks = _method_and_run_checks(config) + _data_checks(config.data)
+    checks += _resource_checks(config.resources, config.ray)
     for ok, message in checks:
         if not ok:
             raise UserError(message)
 
 
 def check_task_pair(method_cls, benchmark_name: str) -> None:
-    """A classification method on a detection benchmark (or the reverse) cannot work: refuse it, naming benchmarks that fit."""
+    """A classification method on a detection benchmark (or the reverse) cannot work: refuse it, naming the
+    benchmarks that fit."""
     from fedsim.registry import BENCHMARKS
 
     benchmark_cls = BENCHMARKS.get(benchmark_name)
@@ -143,6 +190,6 @@ def check_task_pair(method_cls, benchmark_name: str) -> None:
         return
     fitting = [name for name in BENCHMARKS.names() if BENCHMARKS.get(name).task == method_cls.task]
     raise UserError(
-        f"method {method_cls.registry_name!r} is for {method_cls.task} and benchmark {benchmark_name!r} is {benchmark_cls.task}: "
-        f"pick a {method_cls.task} benchmark with --benchmark ({', '.join(fitting)})"
+        f"method {method_cls.registry_name!r} is for {method_cls.task} and benchmark {benchmark_name!r} is "
+        f"{benchmark_cls.task}: pick a {method_cls.task} benchmark with --benchmark ({', '.join(fitting)})"
     )

@@ -1,5 +1,7 @@
 """The local and the Ray backend give the same numbers for the same seed."""
 
+import logging
+
 import numpy as np
 import pytest
 from conftest import assert_same_results, write_image_domains
@@ -52,9 +54,12 @@ def test_ray_backend_spreads_clients_over_actors(toy_overrides, ray_cluster):
         proxy.close()
 
 
-def test_gpu_request_without_gpus_warns_and_runs_on_cpu(toy_overrides, ray_cluster, tmp_path):
+def test_gpu_request_without_gpus_warns_and_runs_on_cpu(toy_overrides, ray_cluster, tmp_path, caplog):
     config = load_config(None, toy_overrides + ["resources.gpus_per_client=0.25", "run.rounds=1"])
-    with pytest.warns(RuntimeWarning, match="has none: running on CPU"):
+    with caplog.at_level(logging.WARNING, logger="actors.backend"):
         result = run_experiment(config, tmp_path / "gpu")
+    assert [r.getMessage() for r in caplog.records if "GPU" in r.getMessage()] == [
+        "--gpus-per-client 0.25 asked for GPUs but the Ray cluster has none: running on CPU"
+    ]
     assert result.summary["rounds"] == 1 and 0.0 <= result.summary["target_accuracy"] <= 1.0
     assert set(result.summary["source_accuracy"]) == {"dom0", "dom2"}
