@@ -7,7 +7,8 @@ from conftest import RecordingExecutor
 from fedsim.config import load_config
 from fedsim.data.scenario import build_federation
 from fedsim.losses import DANNLoss, MMDLoss
-from fedsim.methods.dann import DANN, CentralizedAlignment
+from fedsim.methods.dann import DANN
+from fedsim.methods.families.pooled_alignment import CentralizedAlignment
 from fedsim.methods.feddann import FedDANN
 from fedsim.methods.mmd import MMD
 from fedsim.runtime import Server

@@ -78,3 +78,72 @@ def test_no_underscore_module_is_imported_from_another_package():
                 if parts[0] != module.split(".")[0]:
                     offenders.append(f"{module} imports the private name {imported}")
     assert not offenders, offenders
+
+
+FLOORS = ("common", "families")
+
+
+def _floor_modules(package: str) -> list[Path]:
+    return sorted((ROOT / "fedsim" / "methods" / package).rglob("*.py"))
+
+
+def _absolute_imports(text: str, module: str, is_package: bool = False) -> set[str]:
+    """Every module the source ``text`` of ``module`` imports, relative imports (``from .. import x`` too) made
+    absolute."""
+    package = module.split(".") if is_package else module.split(".")[:-1]
+    found = set()
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            anchor = package[: len(package) - node.level + 1] if node.level else []
+            base = ".".join(anchor + ([node.module] if node.module else []))
+            found.add(base)
+            found.update(f"{base}.{alias.name}" for alias in node.names)
+    return found
+
+
+def _concrete_method_imports(imported: set[str], concrete: set[str]) -> list[str]:
+    """The modules ``fedsim.methods.<name>`` among ``imported`` whose ``name`` is in ``concrete``."""
+    found = set()
+    for name in imported:
+        parts = name.split(".")
+        if parts[:2] == ["fedsim", "methods"] and len(parts) > 2 and parts[2] in concrete:
+            found.add(".".join(parts[:3]))
+    return sorted(found)
+
+
+CONCRETE = {p.stem for p in (ROOT / "fedsim" / "methods").glob("*.py")} - {"__init__", "base"}
+
+
+@pytest.mark.parametrize(
+    "path", [p for floor in FLOORS for p in _floor_modules(floor)], ids=lambda p: str(p.relative_to(ROOT))
+)
+def test_common_and_families_never_import_a_concrete_method(path):
+    """The shared floors are built from base and common pieces: a concrete method is never their dependency."""
+    imported = _absolute_imports(path.read_text(), _module_name(path), path.name == "__init__.py")
+    offenders = _concrete_method_imports(imported, CONCRETE)
+    assert not offenders, f"{path.relative_to(ROOT)} imports the concrete method module(s) {offenders}"
+
+
+def test_the_floor_check_sees_absolute_and_relative_imports():
+    text = (
+        "from fedsim.methods.fedavg import FedAvg\nfrom ..fedbn import split\nfrom .. import fedprox\n"
+        "from . import batches\nfrom fedsim.methods.base import Method\nimport fedsim.methods.fedrep\n"
+    )
+    imported = _absolute_imports(text, "fedsim.methods.common.sample")
+    offenders = _concrete_method_imports(imported, {"fedavg", "fedbn", "fedprox", "fedrep"})
+    assert offenders == [
+        "fedsim.methods.fedavg",
+        "fedsim.methods.fedbn",
+        "fedsim.methods.fedprox",
+        "fedsim.methods.fedrep",
+    ]
+
+
+def test_only_registered_methods_sit_at_the_top_of_methods():
+    from fedsim.registry import METHODS
+
+    modules = {METHODS.get(name).__module__ for name in METHODS.names()}
+    top = {_module_name(p) for p in (ROOT / "fedsim" / "methods").glob("*.py") if p.name != "__init__.py"}
+    assert top - modules == {"fedsim.methods.base"}

@@ -15,13 +15,8 @@ from fedsim.data.scenario import build_federation, load_client_data
 from fedsim.errors import UserError
 from fedsim.losses import DANNLoss, MMDLoss
 from fedsim.methods.common.aggregation import weighted_average
-from fedsim.methods.common.alignment import (
-    TARGET_FEATURES,
-    AlignmentObjective,
-    FeatureAlignment,
-    encode_subset,
-    steps_per_epoch,
-)
+from fedsim.methods.common.alignment import TARGET_FEATURES, AlignmentObjective, encode_subset, steps_per_epoch
+from fedsim.methods.families.alignment import FeatureAlignment
 from fedsim.methods.common.training import train_epochs
 from fedsim.methods.feddann import FedDANN
 from fedsim.methods.fedmmd import FedMMD

@@ -28,6 +28,7 @@ from fedsim.config import ExperimentConfig, NoParams
 from fedsim.data.base import ClientData
 from fedsim.data.scenario import Federation
 from fedsim.messages import Instruction, Reply, Tensors
+from fedsim.methods.common.settings import LocalSettings
 from fedsim.seeding import derive_seed
 
 ServerState = dict
@@ -114,9 +115,11 @@ class Method:
         """Refuse a scenario this method cannot run (raise UserError); called before anything is written."""
 
     # ---- helpers ----------------------------------------------------------
-    def client_seed(self, rnd: int, client_id: int, operation: str) -> int:
-        """Seed of one client operation in one round, independent of scheduling."""
-        return derive_seed(self.config.run.seed, rnd, client_id, operation)
+    def client_settings(self, rnd: int) -> dict[str, Any]:
+        """The settings of the local update in round ``rnd`` (epochs, batch size, SGD's rate, momentum, weight
+        decay) that the server half puts in each training instruction's config, as Flower's fit config does.
+        Default: the ``method`` section's values in every round; override to vary them by round."""
+        return LocalSettings.from_method(self.config.method).to_config()
 
     def sample_clients(self, rnd: int, candidates: list[int]) -> list[int]:
         """The clients that work in round ``rnd`` (``run.clients_per_round``), drawn from the seed alone."""

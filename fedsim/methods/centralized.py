@@ -27,13 +27,14 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
 import torch
 
 from fedsim.data.base import ArraySplit, ClientData
 from fedsim.messages import Instruction, Reply
 from fedsim.methods.base import Method, ServerState, client_operation
 from fedsim.methods.common.classifier import GlobalClassifier
+from fedsim.methods.common.pooling import gather_sources, labeled_upload
+from fedsim.methods.common.settings import LocalSettings
 from fedsim.methods.common.training import model_to_numpy
 from fedsim.registry import METHODS
 
@@ -53,27 +54,15 @@ class Centralized(Method):
     def init_server(self) -> ServerState:
         return {"weights": self.classifier.initial_weights()}
 
-    def gather_pool(self, ctx) -> dict[str, np.ndarray]:
-        """Round 1: each source client sends its training split; concatenated in client-id order."""
-        sources = sorted(self.federation.source_ids)
-        replies = ctx.call("upload", None, sources)
-        missing = [cid for cid in sources if cid not in replies]
-        if missing:
-            raise RuntimeError(f"centralized: source clients {missing} did not upload their data")
-        x = np.concatenate([np.asarray(replies[cid].tensors["x"]) for cid in sources])
-        y = np.concatenate([np.asarray(replies[cid].tensors["y"]) for cid in sources])
-        return {"x": x, "y": y}
-
     def run_round(self, ctx, state: ServerState) -> tuple[ServerState, dict]:
         """Gather the pool once, then ``method.local_epochs`` epochs of SGD on it (a fresh optimizer per round)."""
         if "pool" not in state:
-            state = {**state, "pool": self.gather_pool(ctx)}
+            state = {**state, "pool": gather_sources(ctx, self.federation.source_ids)}
         pool = state["pool"]
         with torch.random.fork_rng(devices=[]):  # building the model seeds torch: leave the global RNG as it was
             model = self.pooled.shared()
-        loss = self.pooled.train(
-            model, state["weights"], ArraySplit(pool["x"], pool["y"]), seed=ctx.seed(-1, "centralized")
-        )
+        split, settings = ArraySplit(pool["x"], pool["y"]), LocalSettings.from_config(self.client_settings(ctx.round))
+        loss = self.pooled.train(model, state["weights"], split, seed=ctx.seed(-1, "centralized"), settings=settings)
         return {**state, "weights": model_to_numpy(model)}, {"train_loss": loss, "pool_size": int(len(pool["y"]))}
 
     # ---- client half ------------------------------------------------------
@@ -83,10 +72,7 @@ class Centralized(Method):
     @client_operation
     def upload(self, instruction: Instruction, state: Any, data: ClientData) -> tuple[Reply, Any]:
         """Send the (standardized) training inputs and labels to the server: the centralized setting."""
-        if data.train.y is None:
-            raise ValueError(f"client {data.client_id} is unlabeled (the target): it never uploads")
-        tensors = {"x": np.asarray(data.train.x), "y": np.asarray(data.train.y)}
-        return Reply(data.client_id, tensors, {}, num_examples=len(data.train)), state
+        return labeled_upload(data), state
 
     @client_operation
     def evaluate(self, instruction: Instruction, state: Any, data: ClientData) -> tuple[Reply, Any]:

@@ -34,7 +34,8 @@ from fedsim.data.base import ClientData
 from fedsim.messages import Instruction, Reply
 from fedsim.methods.base import ServerState, client_operation
 from fedsim.methods.common import dictionary as dil
-from fedsim.methods.common.encoder_stage import DictionaryMethod
+from fedsim.methods.common.settings import LocalSettings
+from fedsim.methods.families.dictionary import DictionaryMethod
 from fedsim.registry import METHODS
 
 
@@ -62,9 +63,8 @@ class DaDiL(DictionaryMethod):
         atoms_x = torch.tensor(state["atoms_x"], requires_grad=True)
         atoms_logits = torch.tensor(state["atoms_logits"], requires_grad=True)
         alphas = {cid: torch.tensor(a, requires_grad=True) for cid, a in state["alphas"].items()}
-        optimizer = dil.make_optimizer(
-            self.params, self.config.method.momentum, [atoms_x, atoms_logits], list(alphas.values())
-        )
+        momentum = self.client_settings(ctx.round)["momentum"]
+        optimizer = dil.make_optimizer(self.params, momentum, [atoms_x, atoms_logits], list(alphas.values()))
         if "optimizer" in state:
             optimizer.load_state_dict(state["optimizer"])
         losses = self.train_dictionary(ctx, state["pool"], atoms_x, atoms_logits, alphas, optimizer)
@@ -83,14 +83,15 @@ class DaDiL(DictionaryMethod):
         """E epochs of n // n_b steps (Alg. 2). Each step, every domain draws its own data mini-batch and its
         own atom mini-batch; the summed loss updates the atom rows sampled by some domain, and every alpha_l
         (projected on the simplex). Returns the last epoch's losses."""
-        p, batch_size = self.params, self.config.method.batch_size
+        p, settings = self.params, LocalSettings.from_config(self.client_settings(ctx.round))
+        batch_size = settings.batch_size
         data = {}
         for cid, (x, y) in pool.items():
             generator = torch.Generator().manual_seed(ctx.seed(cid, "dil"))
             data[cid] = (torch.as_tensor(x), dil.one_hot_labels(y, self.federation.num_classes), generator)
         losses: dict[int, list[float]] = {}
         steps = max(p.samples_per_atom // batch_size, 1)
-        for _ in range(self.config.method.local_epochs):
+        for _ in range(settings.local_epochs):
             losses = {cid: [] for cid in data}
             for _ in range(steps):
                 total, touched = 0.0, torch.zeros(atoms_x.shape[:2], dtype=torch.bool)

@@ -40,6 +40,7 @@ from fedsim.methods.base import Method, Replies, ServerState, client_operation
 from fedsim.methods.common.alignment import TARGET_FEATURES, encode_subset
 from fedsim.methods.common.attention import GAIN_FORMS, apply_deltas, dynamic_attention
 from fedsim.methods.common.batches import labeled_batch, labeled_batches
+from fedsim.methods.common.settings import LocalSettings
 from fedsim.methods.common.training import (
     encode_in_chunks,
     evaluate_model,
@@ -154,12 +155,13 @@ class FADA(Method):
         p = self.params
         sources = self.sample_clients(ctx.round, self.federation.source_ids)
         last = "disentangle" if p.disentangle else "adversarial" if p.adversarial else "fit"  # sends the deltas
-        replies = ctx.call("fit", state["weights"], sources, {"send_delta": last == "fit"})
+        settings = self.client_settings(ctx.round)  # every stage's local steps read them from the instruction
+        replies = ctx.call("fit", state["weights"], sources, {**settings, "send_delta": last == "fit"})
         metrics: dict[str, Any] = {"train_loss": {str(cid): r.metrics["train_loss"] for cid, r in replies.items()}}
         if p.adversarial:
-            replies = self.adversarial_stage(ctx, sources, last == "adversarial", metrics)
+            replies = self.adversarial_stage(ctx, sources, last == "adversarial", metrics, settings)
         if p.disentangle:
-            replies = ctx.call("disentangle", None, sources, {"send_delta": True})
+            replies = ctx.call("disentangle", None, sources, {**settings, "send_delta": True})
             metrics.update({key: self.per_source(replies, key) for key in Disentanglement.METRICS})
             metrics["mean_mine_estimate"] = float(np.mean(list(metrics["mine_estimate"].values())))
         return {**state, "weights": self.attention_stage(ctx, sources, replies, metrics)}, metrics
@@ -167,19 +169,20 @@ class FADA(Method):
     def per_source(self, replies: Replies, key: str) -> dict[str, float]:
         return {self.labels[cid]: float(r.metrics[key]) for cid, r in replies.items() if key in r.metrics}
 
-    def adversarial_stage(self, ctx, sources: list[int], send_delta: bool, metrics: dict) -> Replies:
+    def adversarial_stage(self, ctx, sources: list[int], send_delta: bool, metrics: dict, settings: dict) -> Replies:
         """Sec. 3.2: per alternation, fresh target features go to the sources; their mean feature gradient moves G_t."""
         tid, steps, norms = self.target_id, self.params.adversarial_steps, []
         for step in range(1, steps + 1):
             seed = derive_seed(ctx.seed(tid, "features"), step)  # the inputs of this step's features, for align
-            target = ctx.call("features", None, [tid], {"seed": seed})[tid]
+            target = ctx.call("features", None, [tid], {**settings, "seed": seed})[tid]
             payload = {TARGET_FEATURES: target.tensors["features"]}  # one dict for every source: serialized once
-            replies = ctx.call(
-                "adversarial", payload, sources, {"step": step, "send_delta": send_delta and step == steps}
-            )
+            step_config = {**settings, "step": step, "send_delta": send_delta and step == steps}
+            replies = ctx.call("adversarial", payload, sources, step_config)
             gradients = {str(cid): r.tensors[FEATURE_GRAD] for cid, r in replies.items()}
             norms.append(
-                ctx.call("align", gradients, [tid], {"seed": seed, "step": step})[tid].metrics["feature_grad_norm"]
+                ctx.call("align", gradients, [tid], {**settings, "seed": seed, "step": step})[tid].metrics[
+                    "feature_grad_norm"
+                ]
             )
         for key in ("domain_identifier_accuracy", "confusion_loss", "target_confusion_loss"):
             metrics[key] = self.per_source(
@@ -242,7 +245,7 @@ class FADA(Method):
     def fit(self, instruction: Instruction, state: Any, data: ClientData) -> tuple[Reply, Any]:
         """Source: start from the target model, local epochs of cross-entropy on G_i, D_inv, C_i."""
         self.require(data, "fit", target=False)
-        net, method = state["net"], self.config.method
+        net, method = state["net"], LocalSettings.from_config(instruction.config)
         load_numpy(net, instruction.tensors)
         state["start"] = {name: np.array(value, copy=True) for name, value in instruction.tensors.items()}
         seed, optimizer = instruction.config["seed"], make_optimizer(net, method)
@@ -261,7 +264,7 @@ class FADA(Method):
                 self.params.target_batch,
                 instruction.config["seed"],
                 self.device,
-                chunk=self.config.method.batch_size,
+                chunk=instruction.config["batch_size"],
                 batch_statistics=True,
             )
         return Reply(
@@ -273,7 +276,8 @@ class FADA(Method):
         """Source, one alternation on one batch: DI_i learns source vs target features, then G_i confuses it
         (Eq. 3); returns d(confusion)/d(target features). The optimizers live from step 1 to the last step."""
         self.require(data, "adversarial", target=False)
-        p, method, config = self.params, self.config.method, instruction.config
+        p, config = self.params, instruction.config
+        method = LocalSettings.from_config(config)
         step, seed, net = config["step"], config["seed"], state["net"]
         if step == 1:
             identifier = state["parts"].domain_identifier
@@ -309,7 +313,8 @@ class FADA(Method):
     def align(self, instruction: Instruction, state: Any, data: ClientData) -> tuple[Reply, Any]:
         """Target: one step of G_t along the sources' mean gradient of the confusion loss w.r.t. its features."""
         self.require(data, "align", target=True)
-        net, method, config = state["net"], self.config.method, instruction.config
+        net, config = state["net"], instruction.config
+        method = LocalSettings.from_config(config)
         if config["step"] == 1:
             state["align_optimizer"] = make_optimizer(net.encoder, method)  # G_t's, kept through the round's steps
         norm = align_generator(
@@ -330,7 +335,8 @@ class FADA(Method):
     def disentangle(self, instruction: Instruction, state: Any, data: ClientData) -> tuple[Reply, Any]:
         """Source: Eq. 4 (cross-entropy on both parts), Eq. 5 (entropy), Eq. 6 (MINE), Eq. 7 (reconstruction)."""
         self.require(data, "disentangle", target=False)
-        p, method, net, parts = self.params, self.config.method, state["net"], state["parts"]
+        p, net, parts = self.params, state["net"], state["parts"]
+        method = LocalSettings.from_config(instruction.config)
         objective = Disentanglement(
             net,
             parts,

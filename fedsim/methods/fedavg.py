@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING, Any, Optional
 from fedsim.data.base import ClientData
 from fedsim.messages import Instruction, Reply
 from fedsim.methods.base import Exchange, Replies, ServerState, SingleExchange, client_operation
-from fedsim.methods.common.aggregation import weighted_average
+from fedsim.methods.common.aggregation import federated_average
+from fedsim.methods.common.settings import LocalSettings
 from fedsim.registry import METHODS
 
 if TYPE_CHECKING:
@@ -43,12 +44,12 @@ class FedAvg(SingleExchange):
         return {"weights": self.classifier.initial_weights()}
 
     def configure(self, ctx, state: ServerState) -> Exchange:
-        return Exchange("fit", state["weights"], self.sample_clients(ctx.round, self.federation.source_ids))
+        clients = self.sample_clients(ctx.round, self.federation.source_ids)
+        return Exchange("fit", state["weights"], clients, self.client_settings(ctx.round))
 
     def aggregate(self, ctx, state: ServerState, replies: Replies) -> tuple[ServerState, dict]:
-        weights = weighted_average([r.tensors for r in replies.values()], [r.num_examples for r in replies.values()])
-        train_loss = {str(cid): r.metrics["train_loss"] for cid, r in replies.items()}
-        return {**state, "weights": weights}, {"train_loss": train_loss}
+        weights, metrics = federated_average(replies)
+        return {**state, "weights": weights}, metrics
 
     # ---- client half ------------------------------------------------------
     def init_client(self, data: ClientData) -> Any:
@@ -63,9 +64,9 @@ class FedAvg(SingleExchange):
         model = state["model"]
         from fedsim.methods.common.training import model_to_numpy
 
-        loss = self.classifier.train(
-            model, instruction.tensors, data.train, instruction.config["seed"], self.local_loss(instruction)
-        )
+        settings = LocalSettings.from_config(instruction.config)
+        seed, loss_fn = instruction.config["seed"], self.local_loss(instruction)
+        loss = self.classifier.train(model, instruction.tensors, data.train, seed, loss_fn, settings)
         return Reply(data.client_id, model_to_numpy(model), {"train_loss": loss}, num_examples=len(data.train)), state
 
     @client_operation

@@ -30,14 +30,14 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import torch
 from torch import nn
 
 from fedsim.data.base import ClientData
 from fedsim.errors import UserError
 from fedsim.messages import Instruction, Reply, Tensors
 from fedsim.methods.base import Exchange, Replies, ServerState, SingleExchange, client_operation
-from fedsim.methods.common.training import CHUNK, evaluate_model, load_numpy, model_to_numpy
+from fedsim.methods.common.batchnorm import reestimate_bn
+from fedsim.methods.common.training import evaluate_model, load_numpy, model_to_numpy
 from fedsim.methods.fedavg import FedAvg
 from fedsim.models.normalization import bn_keys, bn_layers
 from fedsim.registry import METHODS
@@ -63,26 +63,6 @@ def initial_bn(model: nn.Module) -> dict[str, np.ndarray]:
 def split(tensors: Tensors, keys: frozenset[str]) -> tuple[dict, dict]:
     """(shared non-BN tensors, private BN tensors)."""
     return {k: v for k, v in tensors.items() if k not in keys}, {k: v for k, v in tensors.items() if k in keys}
-
-
-@torch.no_grad()
-def reestimate_bn(model: nn.Module, x: np.ndarray, device: torch.device, batch_size: int = CHUNK) -> None:
-    """AdaBN: replace every BN layer's running statistics by cumulative averages over ``x`` (fixed order)."""
-    layers = [m for _, m in bn_layers(model)]
-    momenta = [m.momentum for m in layers]
-    for m in layers:
-        m.reset_running_stats()
-        m.momentum = None  # cumulative moving average
-    model.train()
-    inputs = torch.from_numpy(x)
-    for start in range(0, len(inputs), batch_size):
-        batch = inputs[start : start + batch_size]
-        if len(batch) < 2 and len(inputs) >= 2:
-            continue  # batch statistics need two samples
-        model(batch.to(device))
-    for m, momentum in zip(layers, momenta):
-        m.momentum = momentum
-    model.eval()
 
 
 @METHODS.register("fedbn")

@@ -15,7 +15,7 @@ server keeps one client's version drawn at random (``aggregation=random``) or
 their mean (``avg``); docs/feddadil.md gives the default and its measured reason.
 
 On raw-input benchmarks (images) the first ``encoder_rounds`` rounds train an
-encoder with FedAvg on the sources (:class:`~fedsim.methods.common.encoder_stage.EncoderStage`);
+encoder with FedAvg on the sources (:class:`~fedsim.methods.families.dictionary.EncoderStage`);
 the dictionary is then learned on encoded features standardized with
 statistics combined from client sums.
 
@@ -35,7 +35,8 @@ from fedsim.data.base import ClientData
 from fedsim.messages import Instruction, Reply
 from fedsim.methods.base import ServerState, client_operation
 from fedsim.methods.common import dictionary as dil
-from fedsim.methods.common.encoder_stage import DictionaryMethod
+from fedsim.methods.common.settings import LocalSettings
+from fedsim.methods.families.dictionary import DictionaryMethod
 from fedsim.registry import METHODS
 from fedsim.seeding import numpy_rng
 
@@ -63,7 +64,7 @@ class FedDaDiL(DictionaryMethod):
             if "weights" in payload
             else self.sample_clients(ctx.round, self.federation.client_ids)
         )
-        replies = ctx.call("dil", payload, working)
+        replies = ctx.call("dil", payload, working, self.client_settings(ctx.round))
         versions = [(r.tensors["atoms_x"], r.tensors["atoms_logits"]) for r in replies.values()]
         metrics = {
             "stage": "dictionary",
@@ -96,18 +97,19 @@ class FedDaDiL(DictionaryMethod):
     @client_operation
     def dil(self, instruction: Instruction, state: Any, data: ClientData) -> tuple[Reply, Any]:
         """E local iterations on the client's copy of the atoms and on its alpha (Alg. 1, ClientUpdate)."""
-        p, batch_size = self.params, self.config.method.batch_size
+        p, settings = self.params, LocalSettings.from_config(instruction.config)
+        batch_size = settings.batch_size
         self.encoder.prepare(state, data, instruction.tensors)
         train_x = state["train_features"]
         atoms_x, atoms_logits = dil.trainable_atoms(instruction.tensors["atoms_x"], instruction.tensors["atoms_logits"])
         alpha = state["alpha"].clone().requires_grad_(True)
-        optimizer = dil.make_optimizer(p, self.config.method.momentum, [atoms_x, atoms_logits], [alpha])
+        optimizer = dil.make_optimizer(p, settings.momentum, [atoms_x, atoms_logits], [alpha])
         if "optimizer" in state:  # PyDiL's client keeps one optimizer (and its momentum) across rounds
             optimizer.load_state_dict(state["optimizer"])
         labels = dil.one_hot_labels(data.train.y, data.num_classes)
         generator = torch.Generator().manual_seed(instruction.config["seed"])
         losses: list[float] = []
-        for _ in range(self.config.method.local_epochs):
+        for _ in range(settings.local_epochs):
             losses = []
             for idx in dil.atom_minibatches(self.num_atoms, p.samples_per_atom, batch_size, generator):
                 rows = dil.data_minibatch(len(train_x), batch_size, generator)

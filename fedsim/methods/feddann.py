@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 from fedsim.errors import UserError
 from fedsim.losses import DANNLoss, DomainLoss
-from fedsim.methods.common.alignment import AlignmentParams, FeatureAlignment
+from fedsim.methods.families.alignment import AlignmentParams, FeatureAlignment
 from fedsim.registry import METHODS
 
 

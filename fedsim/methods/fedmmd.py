@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from fedsim.errors import UserError
 from fedsim.losses import DomainLoss, MMDLoss
 from fedsim.losses.mmd import DEFAULT_MULTIPLIERS
-from fedsim.methods.common.alignment import AlignmentParams, FeatureAlignment
+from fedsim.methods.families.alignment import AlignmentParams, FeatureAlignment
 from fedsim.registry import METHODS
 
 

@@ -1,7 +1,7 @@
 """FedOD: cross-domain federated object detection (Su et al., "Cross-domain Federated Object Detection", 2022).
 
 The server holds a large labeled set (hosted on the *server host*, see
-:mod:`fedsim.methods.common.detection`); each client holds a small labeled set of a shifted domain.
+:mod:`fedsim.methods.families.detection`); each client holds a small labeled set of a shifted domain.
 
 1. Base stage: w_b is trained on the server's data; w_g = w_b.
 2. Every round: each client fine-tunes the current w_g on its data for ``client_iters``
@@ -61,10 +61,10 @@ from fedsim.errors import UserError
 from fedsim.messages import Instruction, Reply
 from fedsim.methods.base import ServerState, client_operation
 from fedsim.methods.common.aggregation import weighted_average
-from fedsim.methods.common.detection import DetectionMethod, DetectionParams
 from fedsim.methods.common.detection_eval import Family, Weights, prefixed, with_prefix
 from fedsim.methods.common.detection_training import ExtraLoss
 from fedsim.methods.common.training import load_numpy, model_to_numpy
+from fedsim.methods.families.detection import DetectionMethod, DetectionParams
 from fedsim.models.detector import Detector
 from fedsim.registry import METHODS
 

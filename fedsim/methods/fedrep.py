@@ -48,6 +48,7 @@ from fedsim.messages import Instruction, Reply
 from fedsim.methods.base import Method, ServerState, client_operation
 from fedsim.methods.common.aggregation import weighted_average
 from fedsim.methods.common.classifier import GlobalClassifier
+from fedsim.methods.common.settings import LocalSettings
 from fedsim.methods.common.training import (
     evaluate_model,
     load_numpy,
@@ -124,7 +125,8 @@ class FedRep(Method):
         return {"weights": split_head(self.classifier.initial_weights())[0]}
 
     def run_round(self, ctx, state: ServerState) -> tuple[ServerState, dict]:
-        replies = ctx.call("fit", state["weights"], self.sample_clients(ctx.round, self.federation.source_ids))
+        clients = self.sample_clients(ctx.round, self.federation.source_ids)
+        replies = ctx.call("fit", state["weights"], clients, self.client_settings(ctx.round))
         weights = weighted_average([r.tensors for r in replies.values()], [r.num_examples for r in replies.values()])
         keys = sorted({key for r in replies.values() for key in r.metrics})  # train_loss, head_loss
         return {**state, "weights": weights}, {
@@ -150,8 +152,9 @@ class FedRep(Method):
 
     @client_operation
     def fit(self, instruction: Instruction, state: Any, data: ClientData) -> tuple[Reply, Any]:
-        """tau_h head epochs on the frozen representation's features, then the representation's epochs (head frozen); only phi goes back."""
-        model, method, seed = state["model"], self.config.method, instruction.config["seed"]
+        """tau_h head epochs on the frozen representation's features, then the representation's epochs (head
+        frozen); only phi goes back."""
+        model, method, seed = state["model"], LocalSettings.from_config(instruction.config), instruction.config["seed"]
         load_numpy(model, {**instruction.tensors, **self.own_head(state)})
         metrics = {}
         if self.params.head_epochs:

@@ -14,8 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fedsim.errors import UserError
-from fedsim.methods.common.detection import DetectionParams
 from fedsim.methods.common.detection_training import DetectionSet
+from fedsim.methods.families.detection import DetectionParams
 from fedsim.methods.fedavg_det import FedAvgDetection
 from fedsim.models.detector import Detector, head_keys
 from fedsim.registry import METHODS

@@ -9,7 +9,7 @@ loss object and kernel parameters.
 from __future__ import annotations
 
 from fedsim.losses import DomainLoss, MMDLoss
-from fedsim.methods.dann import CentralizedAlignment
+from fedsim.methods.families.pooled_alignment import CentralizedAlignment
 from fedsim.methods.fedmmd import FedMMD
 from fedsim.registry import METHODS
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Iterable, Mapping
+from typing import Any, Iterable, Mapping
 
 import numpy as np
 
@@ -22,3 +22,10 @@ def weighted_average(
         dtype = np.asarray(tensor_sets[0][name]).dtype
         out[name] = (np.rint(total) if np.issubdtype(dtype, np.integer) else total).astype(dtype)
     return out
+
+
+def federated_average(replies: Mapping[int, Any]) -> tuple[dict[str, np.ndarray], dict[str, dict[str, float]]]:
+    """FedAvg's server step (McMahan et al. 2017, Alg. 1): the replies' tensors weighted by their sample counts,
+    and each client's ``train_loss`` as the round's metric."""
+    weights = weighted_average([r.tensors for r in replies.values()], [r.num_examples for r in replies.values()])
+    return weights, {"train_loss": {str(cid): r.metrics["train_loss"] for cid, r in replies.items()}}

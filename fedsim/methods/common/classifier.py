@@ -14,6 +14,7 @@ from torch import nn
 
 from fedsim.data.base import ArraySplit
 from fedsim.messages import Tensors
+from fedsim.methods.common.settings import LocalSettings
 from fedsim.methods.common.training import (
     StepLoss,
     evaluate_model,
@@ -50,21 +51,22 @@ class GlobalClassifier:
         return self._shared
 
     def train(
-        self, model: nn.Module, weights: Tensors, split: ArraySplit, seed: int, step_loss: Optional[StepLoss] = None
+        self,
+        model: nn.Module,
+        weights: Tensors,
+        split: ArraySplit,
+        seed: int,
+        step_loss: Optional[StepLoss] = None,
+        settings: Optional[LocalSettings] = None,
     ) -> float:
-        """Load ``weights``, run ``method.local_epochs`` epochs with a fresh SGD optimizer (McMahan et al., Alg. 1)."""
-        method = self.config.method
+        """Load ``weights``, run ``settings.local_epochs`` epochs with a fresh SGD optimizer (McMahan et al.,
+        Alg. 1); ``settings`` default to the ``method`` section's."""
+        settings = settings or LocalSettings.from_method(self.config.method)
         load_numpy(model, weights)
-        optimizer = make_optimizer(model, method)
+        optimizer = make_optimizer(model, settings)
+        epochs, batch_size = settings.local_epochs, settings.batch_size
         return train_epochs(
-            model,
-            split,
-            method.local_epochs,
-            method.batch_size,
-            optimizer,
-            seed=seed,
-            device=self.device,
-            step_loss=step_loss,
+            model, split, epochs, batch_size, optimizer, seed=seed, device=self.device, step_loss=step_loss
         )
 
     def evaluate(self, model: nn.Module, weights: Tensors, split: ArraySplit) -> dict[str, float]:

@@ -1,0 +1,187 @@
+"""The feature space a dataset dictionary is learned in (FedDaDiL, DaDiL): the inputs, or a FedAvg encoder.
+
+On vector benchmarks (TEP, Office-Caltech features) the dictionary lives on the inputs themselves. On
+raw-input benchmarks (images) the first ``encoder_rounds`` rounds are FedAvg rounds (McMahan et al. 2017,
+Alg. 1, composed from :mod:`fedsim.methods.common`) that train an encoder on the
+sources. In the first dictionary round every client sends the sums of its encoded training features
+(count, sum, sum of squares: no rows), the server combines them into one mean and standard deviation
+(:mod:`fedsim.data.normalization`), and every client encodes and standardizes its data once.
+
+The server half lives in :class:`EncoderStage`; :class:`DictionaryMethod`, the base of FedDaDiL and DaDiL,
+declares the client operations (``fit``, ``evaluate``, ``feature_stats``) and passes them on.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import numpy as np
+import torch
+
+from fedsim.data.base import ClientData
+from fedsim.data.normalization import FeatureStats, combine_stats, feature_stats, mean_std
+from fedsim.errors import UserError
+from fedsim.messages import Instruction, Reply, Tensors
+from fedsim.methods.base import Method, ServerState, client_operation
+from fedsim.methods.common.aggregation import federated_average
+from fedsim.methods.common.classifier import GlobalClassifier
+from fedsim.methods.common.dictionary import atom_tensors, check_batch_size, num_atoms
+from fedsim.methods.common.settings import LocalSettings
+from fedsim.methods.common.training import encode_in_chunks, load_numpy, model_to_numpy
+
+logger = logging.getLogger(__name__)
+
+#: encoder rounds when ``method.encoder_rounds`` is -1 (automatic) and the inputs are images
+DEFAULT_IMAGE_ENCODER_ROUNDS = 5
+
+
+def uses_encoder(federation) -> bool:
+    return len(federation.input_shape) != 1
+
+
+def encoder_rounds(requested: int, federation) -> int:
+    """``requested`` rounds, or the default when it is -1: none for vectors, 5 for images."""
+    if requested >= 0:
+        return requested
+    return DEFAULT_IMAGE_ENCODER_ROUNDS if uses_encoder(federation) else 0
+
+
+class EncoderStage:
+    """The encoder rounds and the standardized encoded features of every client."""
+
+    def __init__(self, host: Method, requested_rounds: int):
+        self.host = host  # the dictionary method: its client sampling and per-round settings
+        self.federation = federation = host.federation
+        self.device = host.device
+        self.uses_encoder = uses_encoder(federation)
+        self.rounds = encoder_rounds(requested_rounds, federation)
+        self.feature_dim = host.config.model.hidden if self.uses_encoder else federation.input_shape[0]
+        self.classifier = GlobalClassifier(host.config, federation, self.device) if self.uses_encoder else None
+
+    @staticmethod
+    def check_setting(requested_rounds: int, federation, total_rounds: int) -> None:
+        """Images need at least one encoder round; vectors have no encoder; a run whose rounds are all encoder
+        rounds never learns a dictionary (warned: its accuracy is FedAvg's)."""
+        if not uses_encoder(federation):
+            if requested_rounds > 0:
+                raise UserError(
+                    f"method.encoder_rounds={requested_rounds}, but vector inputs have no encoder: leave it at -1 or 0"
+                )
+            return
+        rounds = encoder_rounds(requested_rounds, federation)
+        if rounds == 0:
+            raise UserError(
+                "a dataset dictionary on image inputs needs an encoder: set method.encoder_rounds to 1 or more"
+            )
+        if rounds >= total_rounds:
+            logger.warning(
+                "method.encoder_rounds (%d) >= run.rounds (%d): every round trains the encoder, no dictionary "
+                "is learned and the reported accuracy is FedAvg's",
+                rounds,
+                total_rounds,
+            )
+
+    def is_encoder_round(self, rnd: int) -> bool:
+        return rnd <= self.rounds
+
+    # ---- server half ------------------------------------------------------
+    def init_server(self) -> ServerState:
+        return {"weights": self.classifier.initial_weights()} if self.uses_encoder else {}
+
+    def run_round(self, ctx, state: ServerState) -> tuple[ServerState, dict]:
+        """One FedAvg round on the sampled sources (clients ``fit``), their weights averaged by sample count."""
+        clients = self.host.sample_clients(ctx.round, self.federation.source_ids)
+        replies = ctx.call("fit", state["weights"], clients, self.host.client_settings(ctx.round))
+        weights, metrics = federated_average(replies)
+        return {**state, "weights": weights}, {**metrics, "stage": "encoder"}
+
+    def evaluate_round(self, ctx, state: ServerState) -> dict:
+        """FedAvg's evaluation of the encoder-and-head classifier (every client ``evaluate``s the weights)."""
+        replies = ctx.call("evaluate", state["weights"], self.federation.client_ids)
+        return self.host.summarize_evaluation(ctx.round, replies)
+
+    def feature_payload(self, ctx, state: ServerState) -> Tensors:
+        """In the first dictionary round: the encoder weights and the shared standardization (clients
+        ``feature_stats``); nothing otherwise."""
+        if not self.uses_encoder or ctx.round != self.rounds + 1:
+            return {}
+        replies = ctx.call("feature_stats", state["weights"], self.federation.client_ids)
+        mean, std = mean_std(combine_stats(FeatureStats.from_tensors(r.tensors) for r in replies.values()))
+        return {
+            "weights": state["weights"],
+            "feature_mean": mean.astype(np.float32),
+            "feature_std": std.astype(np.float32),
+        }
+
+    # ---- client half ------------------------------------------------------
+    def init_client(self, data: ClientData) -> dict:
+        return {"model": self.classifier.shared()} if self.uses_encoder else {}
+
+    def fit(self, instruction: Instruction, state: Any, data: ClientData) -> tuple[Reply, Any]:
+        """FedAvg's local epochs of cross-entropy from the global weights (McMahan et al. 2017, Alg. 1)."""
+        model, settings = state["model"], LocalSettings.from_config(instruction.config)
+        loss = self.classifier.train(model, instruction.tensors, data.train, instruction.config["seed"], None, settings)
+        return Reply(data.client_id, model_to_numpy(model), {"train_loss": loss}, num_examples=len(data.train)), state
+
+    def evaluate(self, instruction: Instruction, state: Any, data: ClientData) -> tuple[Reply, Any]:
+        metrics = self.classifier.evaluate(state["model"], instruction.tensors, data.test)
+        return Reply(data.client_id, {}, metrics, num_examples=len(data.test)), state
+
+    @torch.no_grad()
+    def encode(self, model: torch.nn.Module, x: np.ndarray) -> torch.Tensor:
+        return encode_in_chunks(model.eval().features, x, self.device)
+
+    def feature_stats(self, instruction: Instruction, state: Any, data: ClientData) -> tuple[Reply, Any]:
+        """Sums of the encoded training features (count, sum, sum of squares): aggregate statistics only."""
+        load_numpy(state["model"], instruction.tensors)
+        stats = feature_stats(self.encode(state["model"], data.train.x).numpy())
+        return Reply(data.client_id, stats.to_tensors(), {}, num_examples=len(data.train)), state
+
+    def prepare(self, state: Any, data: ClientData, tensors: Tensors) -> None:
+        """Encode and standardize the client's splits once (``train_features``, ``test_features`` in its state):
+        when the encoder and the standardization arrive (first dictionary round), or on first use."""
+        if "weights" in tensors:
+            load_numpy(state["model"], tensors["weights"])
+            state["feature_mean"] = torch.tensor(np.asarray(tensors["feature_mean"]))
+            state["feature_std"] = torch.tensor(np.asarray(tensors["feature_std"]))
+            state.pop("test_features", None)
+        if "test_features" not in state:
+            state["train_features"] = self.standardized(state, data.train.x)
+            state["test_features"] = self.standardized(state, data.test.x)
+
+    def standardized(self, state: Any, x: np.ndarray) -> torch.Tensor:
+        if not self.uses_encoder:
+            return torch.from_numpy(x).float()
+        # (x - mean) / std in float32 (normalization.standardize computes in float64 and rounds once)
+        return (self.encode(state["model"], x) - state["feature_mean"]) / state["feature_std"]
+
+
+class DictionaryMethod(Method):
+    """What FedDaDiL and DaDiL share as an interface: an :class:`EncoderStage` in ``self.encoder`` whose
+    client operations they expose, and the dictionary (atoms, plus the encoder's weights) as the global tensors."""
+
+    encoder: EncoderStage
+
+    def __init__(self, config, federation, device: str = "cpu"):
+        super().__init__(config, federation, device)
+        self.num_atoms = num_atoms(self.params, len(federation.domains))
+        self.encoder = EncoderStage(self, self.params.encoder_rounds)
+
+    @classmethod
+    def check_setting(cls, config, federation) -> None:
+        check_batch_size(config.method.params, config.method.batch_size)
+        EncoderStage.check_setting(config.method.params.encoder_rounds, federation, config.run.rounds)
+
+    def global_tensors(self, state: ServerState) -> dict:
+        return {**atom_tensors(state), **state.get("weights", {})}
+
+    @client_operation
+    def fit(self, instruction: Instruction, state: Any, data: ClientData) -> tuple[Reply, Any]:
+        """Encoder stage: FedAvg's local training."""
+        return self.encoder.fit(instruction, state, data)
+
+    @client_operation
+    def feature_stats(self, instruction: Instruction, state: Any, data: ClientData) -> tuple[Reply, Any]:
+        """Encoder stage: the sums that standardize the encoded features."""
+        return self.encoder.feature_stats(instruction, state, data)

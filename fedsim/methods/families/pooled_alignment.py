@@ -1,0 +1,107 @@
+"""Centralized alignment: the pooled references (DANN, MMD) that the federated alignment methods approximate.
+
+Round 1: every source client uploads its training inputs and labels, the target client its unlabeled training
+inputs (``upload_inputs``); the pool moves once and is counted in ``bytes_received``. Every round the server runs
+``local_epochs`` epochs over the pooled sources; each step draws a target batch of the same size, encodes it with
+the current encoder in its own forward pass (Ganin et al., JMLR 2016) and adds lambda * domain loss, with the
+schedule of :class:`~fedsim.methods.families.alignment.AlignmentSchedule`. The domain loss's parameters live in
+the server state (``domain_loss``). The target evaluates with its own batch-norm statistics (AdaBN) when the
+model has batch norm.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from fedsim.data.base import ArraySplit, ClientData
+from fedsim.messages import Instruction, Reply
+from fedsim.methods.base import ServerState, client_operation
+from fedsim.methods.common.alignment import AlignmentObjective, alignment_optimizer, feature_dim, steps_per_epoch
+from fedsim.methods.common.batchnorm import reestimate_bn
+from fedsim.methods.common.classifier import GlobalClassifier
+from fedsim.methods.common.pooling import gather_sources, gather_target_inputs, inputs_upload, labeled_upload
+from fedsim.methods.common.settings import LocalSettings
+from fedsim.methods.common.training import evaluate_model, load_numpy, model_to_numpy, train_epochs
+from fedsim.methods.families.alignment import AlignmentSchedule
+from fedsim.models.normalization import bn_keys
+from fedsim.seeding import derive_seed
+
+
+class CentralizedAlignment(AlignmentSchedule):
+    """Pooled sources + pooled unlabeled target inputs, trained on the server with a domain loss."""
+
+    centralized = True  # replies carry client data on purpose: the contract tests know this
+
+    def __init__(self, config, federation, device: str = "cpu"):
+        super().__init__(config, federation, device)
+        self.classifier = GlobalClassifier(config, federation, self.device)  # the clients' evaluation model
+        self.pooled = GlobalClassifier(config, federation, self.device)  # the server's model, trained on the pool
+
+    # ---- server half ------------------------------------------------------
+    def init_server(self) -> ServerState:
+        return {"weights": self.classifier.initial_weights()}
+
+    def run_round(self, ctx, state: ServerState) -> tuple[ServerState, dict]:
+        if "pool" not in state:
+            pool = gather_sources(ctx, self.federation.source_ids)
+            state = {**state, "pool": pool, "target_pool": gather_target_inputs(ctx, self.federation.target_ids)}
+        pool, settings = state["pool"], LocalSettings.from_config(self.client_settings(ctx.round))
+        with torch.random.fork_rng(devices=[]):  # building the models seeds torch: leave the global RNG as it was
+            model = self.pooled.shared()
+            load_numpy(model, state["weights"])
+            torch.manual_seed(derive_seed(self.config.run.seed, "domain-loss", "server"))
+            domain_loss = self.make_domain_loss(feature_dim(model, self.federation.input_shape)).to(self.device)
+        if state.get("domain_loss"):
+            load_numpy(domain_loss, state["domain_loss"])
+        seed = ctx.seed(-1, "centralized")
+        batches, trained = steps_per_epoch(len(pool["y"]), settings.batch_size)
+        optimizer = alignment_optimizer(model, domain_loss, settings, self.domain_lr_scale())
+        objective = AlignmentObjective(
+            domain_loss,
+            torch.from_numpy(np.asarray(state["target_pool"])),
+            torch.Generator().manual_seed(derive_seed(seed, "target-batch")),
+            self.step_schedule(ctx.round, settings.local_epochs * batches),
+            batches,
+            trained,
+            optimizer,
+            encode_target=True,
+        )
+        domain_loss.train()
+        split, epochs = ArraySplit(pool["x"], pool["y"]), settings.local_epochs
+        train_epochs(model, split, epochs, settings.batch_size, optimizer, seed, self.device, step_loss=objective)
+        state = {**state, "weights": model_to_numpy(model), "domain_loss": model_to_numpy(domain_loss)}
+        metrics = {
+            **objective.metrics(),
+            "pool_size": int(len(pool["y"])),
+            "target_pool_size": int(len(state["target_pool"])),
+        }
+        return state, {**metrics, "domain_weight": self.domain_weight(ctx.round / self.config.run.rounds)}
+
+    # ---- client half ------------------------------------------------------
+    def init_client(self, data: ClientData) -> Any:
+        return {"model": self.classifier.shared()}  # "model" is transient (see Method.transient_state_keys)
+
+    @client_operation
+    def upload(self, instruction: Instruction, state: Any, data: ClientData) -> tuple[Reply, Any]:
+        """A source client: its (standardized) training inputs and labels."""
+        return labeled_upload(data), state
+
+    @client_operation
+    def upload_inputs(self, instruction: Instruction, state: Any, data: ClientData) -> tuple[Reply, Any]:
+        """The target client: its unlabeled training inputs (it holds no labels), for the pooled alignment."""
+        return inputs_upload(data), state
+
+    @client_operation
+    def evaluate(self, instruction: Instruction, state: Any, data: ClientData) -> tuple[Reply, Any]:
+        """The broadcast weights; the target with its own BN statistics (AdaBN on its unlabeled inputs) if the
+        model has BN."""
+        model = state["model"]
+        load_numpy(model, instruction.tensors)
+        if data.is_target and bn_keys(model):
+            reestimate_bn(model, data.train.x, self.device)
+        return Reply(
+            data.client_id, {}, evaluate_model(model, data.test, self.device), num_examples=len(data.test)
+        ), state
