@@ -118,7 +118,8 @@ def check_boxes(boxes: np.ndarray, labels: np.ndarray, height: int, width: int, 
     labels = np.asarray(labels)
     if len(labels) and (labels.min() < 0 or labels.max() >= num_classes):
         raise UserError(
-            f"{where}: label {int(labels.max() if labels.max() >= num_classes else labels.min())} outside 0..{num_classes - 1}"
+            f"{where}: label {int(labels.max() if labels.max() >= num_classes else labels.min())} outside "
+            f"0..{num_classes - 1}"
         )
 
 

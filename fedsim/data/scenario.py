@@ -142,7 +142,8 @@ def build_federation(data_config) -> Federation:
         train_parts, test_parts = _domain_partitions(data_config, domain)
         if min(len(p) for p in train_parts) == 0:
             raise UserError(
-                f"domain {domain!r} has too few training samples for {data_config.clients_per_domain} clients: lower --clients-per-domain"
+                f"domain {domain!r} has too few training samples for {data_config.clients_per_domain} clients: lower "
+                "--clients-per-domain"
             )
         for train_idx, test_idx in zip(train_parts, test_parts):
             role = "target" if domain == data_config.target else "source"

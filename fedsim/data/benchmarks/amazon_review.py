@@ -115,7 +115,8 @@ def _read_npz(path: Path) -> tuple[np.ndarray, np.ndarray]:
 
 @BENCHMARKS.register("amazon_review")
 class AmazonReviewBenchmark(Benchmark):
-    """Amazon Review sentiment, 5,000-word bag of words from your files (--set data.root=DIR): books, dvd, electronics, kitchen
+    """Amazon Review sentiment, 5,000-word bag of words from your files (--set data.root=DIR): books, dvd,
+    electronics, kitchen
 
     ``amazon.mat`` of the mSDA release (xx, yy, offset) or ``<domain>.npz`` (x, y);
     ``data.variant`` = default (counts) | binary | log1p.
@@ -145,7 +146,8 @@ class AmazonReviewBenchmark(Benchmark):
             missing = [k for k in ("xx", "yy", "offset") if k not in variables]
             if missing:
                 raise UserError(
-                    f"{path} lacks {', '.join(missing)} (found: {', '.join(sorted(variables)) or 'none'}): expected {expected}"
+                    f"{path} lacks {', '.join(missing)} (found: {', '.join(sorted(variables)) or 'none'}): expected "
+                    f"{expected}"
                 )
             y = binary_labels(path, "yy", variables["yy"])
             matrix = _as_documents(path, variables["xx"], len(y))
@@ -165,7 +167,8 @@ class AmazonReviewBenchmark(Benchmark):
             if len(set(dims.values())) > 1:
                 listing = ", ".join(f"{d}.npz: {n}" for d, n in dims.items())
                 raise UserError(
-                    f"amazon_review: the domain files have different vocabularies ({listing}): use one bag-of-words release"
+                    f"amazon_review: the domain files have different vocabularies ({listing}): use one bag-of-words "
+                    "release"
                 )
         for domain, (x, y, path) in documents.items():
             if len(y) < 2:

@@ -92,7 +92,8 @@ def _read_json(path: Path) -> dict:
         data = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise UserError(
-            f"{path} is not a readable COCO JSON file ({type(exc).__name__}: {str(exc).splitlines()[0]}): fix or re-export it"
+            f"{path} is not a readable COCO JSON file ({type(exc).__name__}: {str(exc).splitlines()[0]}): fix or "
+            "re-export it"
         ) from None
     if not isinstance(data, dict) or not all(
         isinstance(data.get(k), list) for k in ("images", "annotations", "categories")
@@ -110,7 +111,8 @@ def parse_size(variant: str) -> int:
         size = 0
     if size < 32 or size % 32:
         raise UserError(
-            f"data.variant {variant!r} of benchmark 'coco' must be 'default' (128) or an image size, a multiple of 32 such as 256"
+            f"data.variant {variant!r} of benchmark 'coco' must be 'default' (128) or an image size, a multiple of "
+            "32 such as 256"
         )
     return size
 
@@ -135,12 +137,14 @@ class CocoBenchmark(Benchmark):
         root = self.config.root
         if root is None or str(root).strip() == "":
             raise UserError(
-                "the coco benchmark needs a folder with one subfolder per domain: pass --set data.root=DIR (DIR/<domain>/annotations.json + images/)"
+                "the coco benchmark needs a folder with one subfolder per domain: pass --set data.root=DIR "
+                "(DIR/<domain>/annotations.json + images/)"
             )
         path = Path(root).expanduser()
         if not path.is_dir():
             raise UserError(
-                f"data.root {str(path)!r} is not a folder: create it with one subfolder per domain, each holding annotations.json and images/"
+                f"data.root {str(path)!r} is not a folder: create it with one subfolder per domain, each holding "
+                "annotations.json and images/"
             )
         return path
 
@@ -149,7 +153,8 @@ class CocoBenchmark(Benchmark):
         names = sorted(p.name for p in root.iterdir() if p.is_dir() and (p / ANNOTATIONS).is_file())
         if not names:
             raise UserError(
-                f"no domain folders in {root}: put one folder per domain there, each with annotations.json (COCO) and images/"
+                f"no domain folders in {root}: put one folder per domain there, each with annotations.json (COCO) "
+                "and images/"
             )
         return names
 
@@ -158,7 +163,8 @@ class CocoBenchmark(Benchmark):
             path = self._root() / domain / ANNOTATIONS
             if not path.is_file():
                 raise UserError(
-                    f"{path} does not exist: domains are {', '.join(self.domains())}; each needs annotations.json and images/"
+                    f"{path} does not exist: domains are {', '.join(self.domains())}; each needs annotations.json "
+                    "and images/"
                 )
             self._json[domain] = _read_json(path)
         return self._json[domain]
@@ -172,7 +178,8 @@ class CocoBenchmark(Benchmark):
                 for cat in categories:
                     if not isinstance(cat, dict) or "id" not in cat or "name" not in cat:
                         raise UserError(
-                            f"{self._root() / domain / ANNOTATIONS}: every category needs an 'id' and a 'name', got {cat!r}"
+                            f"{self._root() / domain / ANNOTATIONS}: every category needs an 'id' and a 'name', got "
+                            f"{cat!r}"
                         )
                 for cat in sorted(categories, key=lambda c: int(c["id"])):
                     if str(cat["name"]) not in names:
@@ -188,7 +195,8 @@ class CocoBenchmark(Benchmark):
         """One domain's images resized to S x S with their boxes, split by the records' ``split`` or 80/20."""
         if domain not in self.domains():
             raise UserError(
-                f"unknown domain {domain!r} for benchmark 'coco' in {self._root()}: choose one of {', '.join(self.domains())}"
+                f"unknown domain {domain!r} for benchmark 'coco' in {self._root()}: choose one of "
+                f"{', '.join(self.domains())}"
             )
         size = parse_size(self.config.variant)
         folder = self._root() / domain
@@ -227,7 +235,8 @@ def _targets_by_image(path: Path, coco: dict, classes: tuple[str, ...]) -> dict[
             raise UserError(f"{where} needs 'image_id', 'category_id' and 'bbox'")
         if int(ann["category_id"]) not in cat_to_class:
             raise UserError(
-                f"{where} has category_id {ann['category_id']}, which is not under 'categories': add the category or fix the id"
+                f"{where} has category_id {ann['category_id']}, which is not under 'categories': add the category or "
+                "fix the id"
             )
         if int(ann["image_id"]) not in known:
             raise UserError(f"{where} refers to image_id {ann['image_id']}, which is not under 'images'")

@@ -95,7 +95,8 @@ def _de_signal(path: Path, number: Optional[str]) -> np.ndarray:
         wanted = [k for k in keys if k.lstrip("X").split("_")[0].lstrip("0") == number.lstrip("0")]
         if not wanted:
             raise UserError(
-                f"{path} has no variable X{int(number):03d}_DE_time (drive-end signals found: {', '.join(keys) or 'none'}): "
+                f"{path} has no variable X{int(number):03d}_DE_time (drive-end signals found: "
+                f"{', '.join(keys) or 'none'}): "
                 "rename the file to the number of the recording it holds"
             )
         key = wanted[0]
@@ -156,8 +157,8 @@ class CWRUBenchmark(Benchmark):
         if len(folders) < 2:
             have = ", ".join(sorted(folders)) or "none"
             raise UserError(
-                f"cwru: {str(root)!r} has {len(folders)} load folder(s) ({have}): put at least two of 0hp, 1hp, 2hp, 3hp "
-                f"there, laid out as {_LAYOUT}"
+                f"cwru: {str(root)!r} has {len(folders)} load folder(s) ({have}): put at least two of 0hp, 1hp, 2hp, "
+                f"3hp there, laid out as {_LAYOUT}"
             )
         files: dict[str, dict[str, tuple[Path, Optional[str]]]] = {}
         for domain, folder in folders.items():

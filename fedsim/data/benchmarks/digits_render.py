@@ -114,7 +114,8 @@ def fonts() -> list[Path]:
     if len(usable) < 3:
         raise UserError(
             f"the digits benchmark renders 'synth' from matplotlib's fonts in {font_dir}, but only "
-            f"{len(usable)} usable fonts were found: reinstall matplotlib with 'pip install --force-reinstall matplotlib'"
+            f"{len(usable)} usable fonts were found: reinstall matplotlib with 'pip install --force-reinstall "
+            "matplotlib'"
         )
     return usable
 

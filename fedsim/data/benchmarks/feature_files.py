@@ -79,7 +79,8 @@ def check_features(path: Path, key: str, x: np.ndarray) -> np.ndarray:
 
 
 def label_vector(path: Path, key: str, y, what: str, kind: str) -> np.ndarray:
-    """Labels given as N, 1 x N or N x 1 (dense or sparse) -> a real-valued vector; one line naming the file otherwise."""
+    """Labels given as N, 1 x N or N x 1 (dense or sparse) -> a real-valued vector; one line naming the file
+    otherwise."""
     y = np.asarray(y.toarray() if hasattr(y, "toarray") else y)
     if y.ndim == 2 and 1 in y.shape:
         y = y.reshape(-1)

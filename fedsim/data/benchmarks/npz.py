@@ -189,7 +189,8 @@ def _read_file(path: Path) -> dict[str, np.ndarray]:
             )
         if out["x"].shape[1:] != out["x_test"].shape[1:]:
             raise UserError(
-                f"{path}: x has samples of shape {out['x'].shape[1:]} but x_test {out['x_test'].shape[1:]}: they must match"
+                f"{path}: x has samples of shape {out['x'].shape[1:]} but x_test {out['x_test'].shape[1:]}: they "
+                "must match"
             )
     elif len(out["x"]) < 2:
         raise UserError(

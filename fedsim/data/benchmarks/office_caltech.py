@@ -199,7 +199,8 @@ class OfficeCaltechBenchmark(Benchmark):
         if len(set(dims.values())) > 1:
             listing = ", ".join(f"{files[d].name}: {n}" for d, n in dims.items())
             raise UserError(
-                f"office_caltech: the feature files have different dimensions ({listing}): use one feature form for all domains"
+                f"office_caltech: the feature files have different dimensions ({listing}): use one feature form for "
+                "all domains"
             )
         labels = np.concatenate([y for _, y in arrays.values()])
         one_based = labels.max() >= NUM_CLASSES  # the .mat releases number classes 1..10
