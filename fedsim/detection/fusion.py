@@ -89,7 +89,8 @@ def _iou(box: np.ndarray, boxes: np.ndarray) -> np.ndarray:
 
 
 def _soft_nms(boxes: list, scores: list, labels: list, weights: list[float], sigma: float, threshold: float):
-    """Gaussian soft-NMS over the pooled boxes; scores first scaled by weight / sum(weights), as ensemble-boxes' nms does."""
+    """Gaussian soft-NMS over the pooled boxes; scores first scaled by weight / sum(weights), as ensemble-boxes'
+    nms does."""
     total = sum(weights)
     all_boxes = np.concatenate(boxes)
     all_scores = np.concatenate([s * w / total for s, w in zip(scores, weights)])

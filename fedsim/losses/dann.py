@@ -56,7 +56,8 @@ class DomainDiscriminator(nn.Module):
         super().__init__()
         if in_features <= 0 or hidden <= 0 or layers < 0:
             raise ValueError(
-                f"DomainDiscriminator needs positive sizes, got in_features={in_features}, hidden={hidden}, layers={layers}"
+                f"DomainDiscriminator needs positive sizes, got in_features={in_features}, hidden={hidden}, "
+                f"layers={layers}"
             )
         blocks: list[nn.Module] = []
         width = in_features

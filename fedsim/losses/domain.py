@@ -45,7 +45,8 @@ class DomainLoss(nn.Module):
 def check_features(source: torch.Tensor, target: torch.Tensor, minimum: int = 1) -> None:
     if source.dim() != 2 or target.dim() != 2 or source.shape[1] != target.shape[1]:
         raise ValueError(
-            f"domain losses take two N x D feature batches of the same D, got {tuple(source.shape)} and {tuple(target.shape)}"
+            f"domain losses take two N x D feature batches of the same D, got {tuple(source.shape)} and "
+            f"{tuple(target.shape)}"
         )
     if len(source) < minimum or len(target) < minimum:
         raise ValueError(
@@ -54,7 +55,8 @@ def check_features(source: torch.Tensor, target: torch.Tensor, minimum: int = 1)
 
 
 def dann_schedule(progress: float, gamma: float = 10.0) -> float:
-    """lambda_p = 2 / (1 + exp(-gamma p)) - 1 for training progress p in [0, 1] (Ganin et al., JMLR 2016, Sec. 5.2.2)."""
+    """lambda_p = 2 / (1 + exp(-gamma p)) - 1 for training progress p in [0, 1] (Ganin et al., JMLR 2016, Sec.
+    5.2.2)."""
     p = min(max(float(progress), 0.0), 1.0)
     return 2.0 / (1.0 + math.exp(-gamma * p)) - 1.0
 

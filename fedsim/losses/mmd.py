@@ -58,7 +58,8 @@ def gaussian_mmd2(
 
 
 class MMDLoss(DomainLoss):
-    """Multi-kernel Gaussian MMD^2 (DAN). ``bandwidths`` fixed sigmas, or empty for the median heuristic times ``multipliers``."""
+    """Multi-kernel Gaussian MMD^2 (DAN). ``bandwidths`` fixed sigmas, or empty for the median heuristic times
+    ``multipliers``."""
 
     def __init__(self, bandwidths: Sequence[float] = (), multipliers: Sequence[float] = DEFAULT_MULTIPLIERS):
         super().__init__()

@@ -53,7 +53,8 @@ class Method:
     #: process), not private state: checkpoints, actor recovery and the privacy contract leave them out
     transient_state_keys: ClassVar[tuple[str, ...]] = ("model",)
     #: client-state keys whose content the protocol sends on purpose (the target's w_t in FADA, FedOD's uploaded
-    #: w_i, FedBN/FedRep's evaluation-only personal parts): the privacy contract test leaves them out; checkpoints keep them
+    #: w_i, FedBN/FedRep's evaluation-only personal parts): the privacy contract test leaves them out; checkpoints
+    #: keep them
     disclosed_state_keys: ClassVar[tuple[str, ...]] = ()
     #: True for references that move client data to the server on purpose (pooled training): their replies
     #: carry inputs, which the privacy contract test otherwise forbids

@@ -41,7 +41,7 @@ from fedsim.registry import METHODS
 
 @METHODS.register("dadil")
 class DaDiL(DictionaryMethod):
-    """DaDiL centralized (Montesuma et al. 2023): the server learns the dictionary on every domain's uploaded features."""
+    """DaDiL centralized (Montesuma et al. 2023): the server learns the dictionary on every domain's features."""
 
     Params = dil.CentralizedDictionaryParams
     centralized = True  # replies carry client data on purpose: the contract tests know this

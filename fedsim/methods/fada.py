@@ -70,7 +70,8 @@ DELTA, FEATURE_GRAD = (
 @dataclass(frozen=True)
 class FADAParams:
     attention: bool = True  # dynamic attention from clustering gains; off: uniform weights
-    gap_form: str = "share"  # gain: drop of the paper's I as a share of the scatter (scale-free), "dispersion" (I's relative drop), "tibshirani"
+    # gain: drop of the paper's I as a share of the scatter (scale-free), "dispersion" (I's relative drop), "tibshirani"
+    gap_form: str = "share"
     disentangle_generator: bool = True  # Eq. 4-7 train G_i too (the paper); false: G_i fixed in that stage
     adversarial: bool = True  # federated adversarial alignment stage
     disentangle: bool = True  # representation disentanglement stage
@@ -117,7 +118,7 @@ class FADAParams:
 
 @METHODS.register("fada")
 class FADA(Method):
-    """FADA: per-client models, dynamic attention, federated adversarial alignment, disentanglement (Peng et al. 2020)."""
+    """FADA (Peng et al. 2020): per-client models, dynamic attention, adversarial alignment, disentanglement."""
 
     Params = FADAParams
     transient_state_keys = ("alignment", "align_optimizer")  # the adversarial stage's optimizers, within a round
@@ -134,7 +135,8 @@ class FADA(Method):
     def check_setting(cls, config, federation) -> None:
         if (count := len(federation.target_ids)) != 1:
             raise UserError(
-                f"fada trains one target model on one target client, but the target domain has {count} clients: pass --clients-per-domain 1"
+                f"fada trains one target model on one target client, but the target domain has {count} clients: "
+                "pass --clients-per-domain 1"
             )
 
     def build_net(self) -> FADANet:
@@ -143,7 +145,8 @@ class FADA(Method):
         return build_fada_net(base, self.federation.input_shape).to(self.device)
 
     def adversarial_weight(self, progress: float) -> float:
-        """lambda of the confusion loss at training progress ``progress`` in [0, 1] (Ganin et al., JMLR 2016, Sec. 5.2.2 ramp)."""
+        """lambda of the confusion loss at training progress ``progress`` in [0, 1] (Ganin et al., JMLR 2016, Sec.
+        5.2.2 ramp)."""
         return self.params.lambda_adv * (dann_schedule(progress) if self.params.schedule == "dann" else 1.0)
 
     # ---- server half ------------------------------------------------------
@@ -151,7 +154,8 @@ class FADA(Method):
         return {"weights": model_to_numpy(self.build_net())}  # the target model w_t, as the target client starts
 
     def run_round(self, ctx, state: ServerState) -> tuple[ServerState, dict]:
-        """Alg. 1: local classification, adversarial alignment, disentanglement, then dynamic attention on the target."""
+        """Alg. 1: local classification, adversarial alignment, disentanglement, then dynamic attention on the
+        target."""
         p = self.params
         sources = self.sample_clients(ctx.round, self.federation.source_ids)
         last = "disentangle" if p.disentangle else "adversarial" if p.adversarial else "fit"  # sends the deltas

@@ -67,7 +67,7 @@ def split(tensors: Tensors, keys: frozenset[str]) -> tuple[dict, dict]:
 
 @METHODS.register("fedbn")
 class FedBN(SingleExchange):
-    """FedBN (Li et al. 2021): batch-norm layers stay with each source client; the target re-estimates its statistics."""
+    """FedBN (Li et al. 2021): batch norm stays with each source client; the target re-estimates its statistics."""
 
     @dataclass(frozen=True)
     class Params:

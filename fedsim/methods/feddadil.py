@@ -43,7 +43,7 @@ from fedsim.seeding import numpy_rng
 
 @METHODS.register("feddadil")
 class FedDaDiL(DictionaryMethod):
-    """FedDaDiL (Castellon, Montesuma et al. 2024): clients learn a shared dictionary of labeled atoms, alpha stays private."""
+    """FedDaDiL (Castellon, Montesuma et al. 2024): a shared dictionary of labeled atoms, alpha stays private."""
 
     Params = dil.DictionaryParams
 

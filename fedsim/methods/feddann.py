@@ -3,30 +3,13 @@
 Each source client trains a private domain discriminator through gradient
 reversal (Eq. 9-10) against encoded target features sent by the target client;
 the model weights are averaged as in FedAvg. The exchange and the local loop
-are :class:`fedsim.methods.common.alignment.FeatureAlignment`'s; only the
+are :class:`fedsim.methods.families.alignment.FeatureAlignment`'s; only the
 loss object differs from FedMMD.
 
-Defaults, from the sources (never from target labels):
-
-* discriminator: one hidden layer of 100 units with ReLU, then one logit: the
-  domain classifier of Ganin et al.'s MNIST -> MNIST-M architecture (JMLR 2016,
-  Fig. 4 / Sec. 5.2.2), the closest of the paper's digit set-ups to the
-  embedded digits' small encoder; their larger domains (SVHN, Office) use two
-  hidden layers of 1024 (``method.discriminator_layers=2
-  method.discriminator_hidden=1024``);
-* discriminator learning rate: ``method.lr`` (``discriminator_lr_scale = 1``): in
-  Ganin et al. the domain classifier shares the network's rate where every layer
-  is trained from scratch (the digits); the 10x rate of their Office runs is
-  for fresh layers on a pre-trained network, which is not this set-up;
-* lambda ramp 2/(1+exp(-10p))-1 and learning-rate annealing mu_0/(1+10p)^0.75
-  (Sec. 5.2.2), momentum from ``method.momentum`` (0.9 in the paper): see
-  :mod:`fedsim.methods.common.alignment`;
-* ``lambda_domain``: 1 here (Ganin et al.); the digits config sets 0.1 by a rule
-  on the sources: of 1, 0.3 and 0.1, the value whose largest drop of a source's
-  test accuracy below FedAvg's is smallest (10 rounds, 1000 images per domain,
-  seed 0, targets mnistm and usps; drops 70, 9.4 and 8.6 points). With one
-  target snapshot per round (see the alignment module) lambda = 1 collapses the
-  sources. No value passed the 5-point guard on mnistm: docs/baselines.md.
+Defaults (never from target labels): the discriminator is one hidden layer of 100 units, the domain classifier
+of Ganin et al.'s MNIST -> MNIST-M architecture (JMLR 2016, Sec. 5.2.2); its learning rate is ``method.lr``
+(paper: every layer trained from scratch shares one rate); ``lambda_domain = 1`` (paper); the digits config's
+0.1 is a rule on the sources' accuracy (docs/feddann.md).
 """
 
 from __future__ import annotations

@@ -1,9 +1,10 @@
-"""FedMMD: DAN's multi-kernel MMD (Long et al., ICML 2015) in the federated setting, as the baseline of Peng et al. (FADA, ICLR 2020).
+"""FedMMD: DAN's multi-kernel MMD (Long et al., ICML 2015) in the federated setting, as the baseline of Peng et al.
+(FADA, ICLR 2020).
 
 Each source client adds lambda * MK-MMD^2 between its encoded batch and a batch
 of encoded target features sent by the target client; the model weights are
 averaged as in FedAvg. The exchange and the local loop are
-:class:`fedsim.methods.common.alignment.FeatureAlignment`'s; only the loss
+:class:`fedsim.methods.families.alignment.FeatureAlignment`'s; only the loss
 object differs from FedDANN.
 
 Training, from the sources: equal-weight Gaussian kernels with bandwidths at
@@ -12,11 +13,9 @@ kernels, sigma^2 = 2^k times the median squared distance); lambda = 1 on the
 ramp 2/(1+exp(-10p))-1 and the learning rate annealed as mu_0/(1+10p)^0.75,
 the training schedule DAN's own follow-up work (JAN, Long et al. 2017) takes
 from Ganin et al. (2016), shared with FedDANN so the two baselines differ by
-the loss alone (:mod:`fedsim.methods.common.alignment`). MMD has no parameters:
-there is no discriminator learning rate. The digits config sets
-``lambda_domain = 0.1``, FedDANN's value from its rule on the sources, so that
-the two baselines still differ by the loss alone (at 1, FedMMD lowered synth by
-10 points with mnistm as the target: docs/baselines.md).
+the loss alone (:mod:`fedsim.methods.families.alignment`). MMD has no parameters:
+there is no discriminator learning rate. The digits config sets ``lambda_domain = 0.1``,
+FedDANN's value, so the two differ by the loss alone.
 """
 
 from __future__ import annotations
@@ -43,7 +42,8 @@ class FedMMD(FeatureAlignment):
             super().__post_init__()
             if any(b <= 0 for b in self.bandwidths) or any(m <= 0 for m in self.kernel_multipliers):
                 raise UserError(
-                    "method.bandwidths and method.kernel_multipliers must be positive numbers, e.g. method.kernel_multipliers=0.5,1,2"
+                    "method.bandwidths and method.kernel_multipliers must be positive numbers, e.g. "
+                    "method.kernel_multipliers=0.5,1,2"
                 )
             if not self.bandwidths and not self.kernel_multipliers:
                 raise UserError(

@@ -51,21 +51,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import torch
-import torch.nn.functional as F
-
 from fedsim.data.base import ClientData
 from fedsim.detection.fusion import CONF_TYPES
 from fedsim.detection.fusion import METHODS as FUSIONS
 from fedsim.errors import UserError
+from fedsim.losses.distillation import multi_teacher_loss
 from fedsim.messages import Instruction, Reply
 from fedsim.methods.base import ServerState, client_operation
 from fedsim.methods.common.aggregation import weighted_average
 from fedsim.methods.common.detection_eval import Family, Weights, prefixed, with_prefix
-from fedsim.methods.common.detection_training import ExtraLoss
 from fedsim.methods.common.training import load_numpy, model_to_numpy
 from fedsim.methods.families.detection import DetectionMethod, DetectionParams
-from fedsim.models.detector import Detector
 from fedsim.registry import METHODS
 
 MODES = ("fedod", "baseline1", "baseline2")
@@ -78,47 +74,9 @@ def personal_family(name: str, client_slot: str, server_slot: str) -> Family:
     return Family(name, True, (f"own:{client_slot}",), lambda cid: (f"own:{server_slot}@{cid}",))
 
 
-def channel_wise_distillation(student: torch.Tensor, teacher: torch.Tensor, temperature: float) -> torch.Tensor:
-    """T^2 KL(softmax(teacher_c / T) || softmax(student_c / T)) over H x W, averaged over images and channels (Shu et al. 2021)."""
-    n, c = student.shape[:2]
-    s = student.reshape(n * c, -1) / temperature
-    t = teacher.reshape(n * c, -1) / temperature
-    kl = (F.softmax(t, dim=1) * (F.log_softmax(t, dim=1) - F.log_softmax(s, dim=1))).sum(dim=1)
-    return kl.mean() * temperature**2
-
-
-def multi_teacher_loss(teachers: list[Detector], params, parts: dict) -> ExtraLoss:
-    """The distillation terms of the student's loss, averaged over the N teachers (1/N sum, Su et al. 2022);
-    ``parts`` gets the last batch's (averaged) terms."""
-    share = 1.0 / max(len(teachers), 1)
-
-    def distillation(images: torch.Tensor, maps: dict) -> torch.Tensor:
-        total = images.new_zeros(())
-        parts.update(feat=0.0, cls=0.0, reg=0.0)
-        for model in teachers:
-            with torch.no_grad():
-                t_maps = model.maps(images)
-            feat = sum(
-                channel_wise_distillation(s, t, params.temperature)
-                for s, t in zip(maps["features"], t_maps["features"])
-            )
-            cls = sum(
-                channel_wise_distillation(s, t, params.temperature)
-                for s, t in zip(maps["cls_logits"], t_maps["cls_logits"])
-            )
-            reg = sum(F.mse_loss(s, t) for s, t in zip(maps["bbox_regression"], t_maps["bbox_regression"]))
-            parts["feat"] += share * float(feat.detach())
-            parts["cls"] += share * float(cls.detach())
-            parts["reg"] += share * float(reg.detach())
-            total = total + share * (params.lambda_feat * feat + params.lambda_cls * cls + params.lambda_reg * reg)
-        return total
-
-    return distillation
-
-
 @METHODS.register("fedod")
 class FedOD(DetectionMethod):
-    """FedOD (Su et al. 2022): client fine-tuning, multi-teacher distillation on the server, WBF ensemble of w_g and w_i."""
+    """FedOD (Su et al. 2022): client fine-tunes, multi-teacher distillation on the server, WBF of w_g and w_i."""
 
     # defaults under the YAML and --set values (3 rounds as in the paper; the detector's step size)
     config_defaults = {"run": {"rounds": 3}, "method": {"lr": 0.02, "batch_size": 16, "weight_decay": 1e-4}}
@@ -131,7 +89,8 @@ class FedOD(DetectionMethod):
             4.0  # T of the channel-wise distillation (CWD's segmentation T; its detection code: 1; see docs/fedod.md)
         )
         lambda_det: float = 1.0  # detection loss on the server's labels
-        lambda_feat: float = 0.1  # CWD summed over the pyramid levels (CWD's detection code: 5 per level, 11x L_det here; see docs/fedod.md)
+        # CWD summed over the pyramid levels (CWD's detection code: 5 per level, 11x L_det here; see docs/fedod.md)
+        lambda_feat: float = 0.1
         lambda_cls: float = 1.0  # CWD on the classification maps
         lambda_reg: float = 1.0  # L2 on the regression maps
         fusion_weights: tuple[float, ...] = (1.0, 1.0)  # (global, personal) model weights of the ensemble
@@ -149,7 +108,8 @@ class FedOD(DetectionMethod):
                 raise UserError(f"method.mode must be one of {', '.join(MODES)}, got {self.mode!r}")
             if self.distill_iters < 0 or self.temperature <= 0:
                 raise UserError(
-                    f"method.distill_iters must be 0 or more and method.temperature positive, got {self.distill_iters} and {self.temperature}"
+                    f"method.distill_iters must be 0 or more and method.temperature positive, got "
+                    f"{self.distill_iters} and {self.temperature}"
                 )
             if min(self.lambda_det, self.lambda_feat, self.lambda_cls, self.lambda_reg) < 0:
                 raise UserError("method.lambda_det, lambda_feat, lambda_cls and lambda_reg must be 0 or more")
@@ -158,7 +118,8 @@ class FedOD(DetectionMethod):
             ]
             if any(len(w) != 2 or min(w) < 0 or sum(w) <= 0 for w in pairs):
                 raise UserError(
-                    f"method.fusion_weights and variant_weights must be pairs of non-negative weights (global, personal), got {self.fusion_weights} and {self.variant_weights}"
+                    f"method.fusion_weights and variant_weights must be pairs of non-negative weights (global, "
+                    f"personal), got {self.fusion_weights} and {self.variant_weights}"
                 )
             if not 0 < self.fusion_iou <= 1:
                 raise UserError(f"method.fusion_iou must lie in (0, 1], got {self.fusion_iou}")
@@ -193,7 +154,8 @@ class FedOD(DetectionMethod):
         return state, metrics
 
     def final_fine_tune(self, ctx, weights: Weights) -> dict:
-        """After the last distillation: every client fine-tunes w_g^R into w_i^(R+1) (kept as ``final``); the server host
+        """After the last distillation: every client fine-tunes w_g^R into w_i^(R+1) (kept as ``final``); the
+        server host
         gets them (as ``final@<client>``) to score them and their ensembles on S, an evaluation-only upload."""
         replies = ctx.call(
             "fit", weights, self.roles.client_ids, lambda cid: {"slot": "final", "seed": ctx.seed(cid, "final_fit")}
@@ -289,7 +251,8 @@ class FedOD(DetectionMethod):
 
     @client_operation
     def distill(self, instruction: Instruction, state: Any, data: ClientData) -> tuple[Reply, Any]:
-        """Server host: student = mean(w_g, w_1..w_N), then multi-teacher distillation + detection loss on server data."""
+        """Server host: student = mean(w_g, w_1..w_N), then multi-teacher distillation + detection loss on server
+        data."""
         if data.client_id != self.roles.server_id:
             raise ValueError(f"distill runs on the server host, not on client {data.client_id}")
         self.keep_teachers(instruction, state, data)

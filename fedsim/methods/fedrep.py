@@ -1,4 +1,5 @@
-"""FedRep for classification (Collins, Hassani, Mokhtari, Shakkottai, ICML 2021, Alg. 1): shared representation, personal heads.
+"""FedRep for classification (Collins, Hassani, Mokhtari, Shakkottai, ICML 2021, Alg. 1): shared representation,
+personal heads.
 
 Each labeled source client keeps its own linear head (the ``head.*`` tensors of
 the model) as private state; a local update first trains the head for

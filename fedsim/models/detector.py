@@ -71,7 +71,8 @@ class DetectorSpec:
             raise UserError(f"method.fpn_channels must be a multiple of 8 (group norm), got {self.fpn_channels}")
         if self.width < 4 or self.head_convs < 1:
             raise UserError(
-                f"method.width must be at least 4 and method.head_convs at least 1, got {self.width} and {self.head_convs}"
+                f"method.width must be at least 4 and method.head_convs at least 1, got {self.width} and "
+                f"{self.head_convs}"
             )
 
 
@@ -193,7 +194,8 @@ def load_weights(model: nn.Module, path) -> None:
     path = Path(str(path)).expanduser()
     if not path.is_file():
         raise UserError(
-            f"detector weights file {str(path)!r} does not exist: give a .npz written by save_weights or a torch state_dict file"
+            f"detector weights file {str(path)!r} does not exist: give a .npz written by save_weights or a "
+            "torch state_dict file"
         )
     try:
         if path.suffix == ".npz":
@@ -206,7 +208,8 @@ def load_weights(model: nn.Module, path) -> None:
     except (RuntimeError, ValueError, OSError, KeyError, AttributeError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise UserError(
-            f"detector weights file {str(path)!r} does not fit this detector ({first[:200]}): use weights saved with the same width, fpn_channels, head_convs and classes"
+            f"detector weights file {str(path)!r} does not fit this detector ({first[:200]}): use weights saved "
+            "with the same width, fpn_channels, head_convs and classes"
         ) from None
 
 

@@ -56,7 +56,8 @@ def kmeans_log_inertia(points: np.ndarray, k: int, seed: int) -> float:
 
 
 def dispersion(features: np.ndarray, k: int, seed: int) -> float:
-    """FADA's I = sum_r D_r / (2 n_r) of k-means with k clusters on ``features`` (one thread: the same sums everywhere)."""
+    """FADA's I = sum_r D_r / (2 n_r) of k-means with k clusters on ``features`` (one thread: the same sums
+    everywhere)."""
     from threadpoolctl import threadpool_limits
 
     with threadpool_limits(1):
@@ -132,7 +133,8 @@ def dynamic_attention(
 ) -> tuple[np.ndarray, float, list[float]]:
     """(attention a_i, the score of ``current``, gains); ``encode(weights, inputs)`` gives the features of a
     model on inputs. ``form="dispersion"``: score I(current), gains the relative drops of I (the paper);
-    ``"share"``: score I(current) / its total scatter, gains its drops; ``"tibshirani"``: score Gap(current), gains Gap(current + delta_i) - Gap(current).
+    ``"share"``: score I(current) / its total scatter, gains its drops; ``"tibshirani"``: score Gap(current), gains
+    Gap(current + delta_i) - Gap(current).
 
     Every score uses the same ``samples`` seeded rows of ``pool`` and the same k-means seed; the gaps also
     the same ``references`` uniform draws (common random numbers, so the gains carry no reference noise).

@@ -38,21 +38,10 @@ class DictionaryParams:
 
     num_atoms: int = 0  # K; 0 = one atom per domain (the papers' usual choice)
     samples_per_atom: int = 500  # n (the authors' PyDiL federated example)
-    # Optimizer and aggregation (docs/feddadil.md, "Why FedDaDiL trailed DaDiL"). PyDiL's federated client uses SGD
-    # with momentum (0.9, the common method.momentum) and its server averages or draws one version. Per-client Adam
-    # (the previous default) is scale-invariant: a client moves every atom at the same speed whatever its weight
-    # alpha_k, so the average of the clients' steps is not the centralized gradient and the atoms never
-    # differentiate; random aggregation keeps one client's fit per round. lr_atoms = 10 is sized from the measured
-    # gradient (about 1e-3 per coordinate on TEP with n_b = 200: with momentum about 0.1 per step), not tuned; PyDiL's
-    # lr 1e-2 moves the atoms by about 1e-5 per round there. Rule on the sources' DiL loss (never target labels;
-    # TEP mode2, seed 0, E = 1, n_b = 200, 20 rounds, mean of the last 3 rounds): Adam 0.3 + random 67.5, Adam 0.3
-    # + avg 56.2, SGD 10 + avg with lr_alpha 0.01 38.5 and with lr_alpha 0.001 48.6 -> SGD 10 / 0.01 + avg.
+    # optimizer and aggregation: PyDiL federated client (SGD with momentum); lr_atoms a rule on the sources
     optimizer: str = "sgd"  # "sgd" (with method.momentum) or "adam"
     lr_atoms: float = 10.0  # step on atom features (and label logits unless lr_labels is set)
-    # lr_labels: the logits' gradient is ~7x the features' (TEP, first mini-batch: 8.6e-3 vs 1.2e-3), so at lr_atoms
-    # they flipped in a few steps; 1.4 = 10 x 1.2e-3 / 8.6e-3 matches their step to the features'. Pre-registered rule
-    # on the sources (TEP mode2, E = 5, 12 rounds, seeds 0-2; mean of DaDiL-R and -E source accuracy): 0.678 vs 0.631.
-    lr_labels: float = 1.4  # step on the atoms' label logits; 0 = lr_atoms
+    lr_labels: float = 1.4  # step on the atoms' label logits (0 = lr_atoms); a rule on the sources' gradients
     lr_alpha: float = 0.01  # step on barycentric coordinates, then projection on the simplex
     beta: float = 0.0  # label-cost weight; 0 = the largest feature cost of the batch (PyDiL's rule)
     aggregation: str = "avg"  # "avg" (mean of the versions) or "random" (one client's version); both PyDiL's
@@ -81,10 +70,8 @@ class DictionaryParams:
 
 @dataclass(frozen=True)
 class CentralizedDictionaryParams(DictionaryParams):
-    """DaDiL's (centralized) defaults: Adam, as PyDiL's centralized dictionary. One optimizer sees the sum of
-    every domain's loss, so Adam's scale invariance does no harm there. Rule on the sources' DiL loss (TEP mode2,
-    seed 0, E = 1, n_b = 200, 20 rounds, mean of the last 3): Adam 0.3 27.9, SGD 10 (momentum 0.9) 31.1, with one
-    loss spike (94.5 at round 14: the summed gradient is about K times one client's)."""
+    """DaDiL's (centralized) defaults: Adam, as PyDiL's centralized dictionary (one optimizer sees the sum of every
+    domain's loss); lr_atoms from a rule on the sources' DiL loss."""
 
     optimizer: str = "adam"
     lr_atoms: float = 0.3

@@ -81,7 +81,8 @@ def detection_roles(config, federation, name: str) -> DetectionRoles:
     server_domain = BENCHMARKS.get(config.data.benchmark).server_domain
     if server_domain is None:
         raise UserError(
-            f"benchmark {config.data.benchmark!r} names no server domain: run {name!r} on a detection benchmark, e.g. --benchmark scenes (or coco)"
+            f"benchmark {config.data.benchmark!r} names no server domain: run {name!r} on a detection "
+            "benchmark, e.g. --benchmark scenes (or coco)"
         )
     if config.data.target == server_domain:
         raise UserError(
@@ -90,11 +91,13 @@ def detection_roles(config, federation, name: str) -> DetectionRoles:
     hosts = [c.client_id for c in federation.clients if c.domain == server_domain]
     if not hosts:
         raise UserError(
-            f"benchmark {config.data.benchmark!r} has no server domain {server_domain!r} in this run: keep it in data.sources (or name the server's folder {server_domain!r})"
+            f"benchmark {config.data.benchmark!r} has no server domain {server_domain!r} in this run: keep it "
+            f"in data.sources (or name the server's folder {server_domain!r})"
         )
     if len(hosts) > 1:
         raise UserError(
-            f"the server's data is one set: run {name!r} with data.clients_per_domain=1 (got {len(hosts)} clients for {server_domain!r})"
+            f"the server's data is one set: run {name!r} with data.clients_per_domain=1 (got {len(hosts)} "
+            f"clients for {server_domain!r})"
         )
     clients = tuple(c for c in federation.source_ids if c != hosts[0])
     if not clients:
@@ -143,7 +146,8 @@ class DetectionMethod(Method):
         )
 
     def new_model(self, seed: Optional[int] = None, from_file: bool = False) -> Detector:
-        """A detector; ``from_file`` loads ``method.weights`` (done by the server process only, for the initial model)."""
+        """A detector; ``from_file`` loads ``method.weights`` (done by the server process only, for the initial
+        model)."""
         spec = self.spec if from_file else DetectorSpec(**{**self.spec.__dict__, "weights": None})
         return build_detector(spec, seed=seed).to(self.device)
 
