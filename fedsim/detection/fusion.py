@@ -115,22 +115,8 @@ def _soft_nms(boxes: list, scores: list, labels: list, weights: list[float], sig
     return np.stack(out_boxes), np.asarray(out_scores), np.asarray(out_labels)
 
 
-def fuse(
-    detections: Sequence[Union[Mapping, Sequence]],
-    image_size: tuple[int, int],
-    method: str = "wbf",
-    weights: Optional[Sequence[float]] = None,
-    iou_thr: float = 0.55,
-    skip_box_thr: float = 0.0,
-    sigma: float = 0.5,
-    conf_type: str = "avg",
-) -> Detections:
-    """Fuse one image's detections from several models; ``image_size = (height, width)`` in pixels.
-
-    Returns ``(boxes, scores, labels)`` in pixels, sorted by decreasing score.
-    """
-    from ensemble_boxes import nms, non_maximum_weighted, weighted_boxes_fusion
-
+def _checked_settings(detections, image_size, method, weights, iou_thr, sigma, conf_type):
+    """(height, width, one float weight per model) of a ``fuse`` call; ValueError for a bad setting."""
     if method not in METHODS:
         raise ValueError(f"unknown fusion method {method!r}: choose one of {', '.join(METHODS)}")
     if conf_type not in CONF_TYPES:
@@ -151,6 +137,26 @@ def fuse(
         raise ValueError(f"{len(weights)} weights for {len(detections)} models: give one weight per model")
     if min(weights) < 0 or sum(weights) <= 0:
         raise ValueError(f"model weights must be non-negative with a positive sum, got {weights}")
+    return height, width, weights
+
+
+def fuse(
+    detections: Sequence[Union[Mapping, Sequence]],
+    image_size: tuple[int, int],
+    method: str = "wbf",
+    weights: Optional[Sequence[float]] = None,
+    iou_thr: float = 0.55,
+    skip_box_thr: float = 0.0,
+    sigma: float = 0.5,
+    conf_type: str = "avg",
+) -> Detections:
+    """Fuse one image's detections from several models; ``image_size = (height, width)`` in pixels.
+
+    Returns ``(boxes, scores, labels)`` in pixels, sorted by decreasing score.
+    """
+    from ensemble_boxes import nms, non_maximum_weighted, weighted_boxes_fusion
+
+    height, width, weights = _checked_settings(detections, image_size, method, weights, iou_thr, sigma, conf_type)
     parsed = [as_detections(d) for d in detections]
     for i, dets in enumerate(parsed):
         _check(dets, height, width, i)
