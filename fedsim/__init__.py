@@ -5,7 +5,7 @@
 
 
 def __getattr__(name: str):
-    if name in ("run", "run_experiment", "RunResult"):
+    if name in ("run", "make_config", "run_experiment", "RunResult"):
         from fedsim import api
 
         return getattr(api, name)

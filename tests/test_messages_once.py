@@ -34,3 +34,12 @@ def test_rays_token_notice_is_quiet_while_a_local_cluster_starts(caplog):
             logger.error("a real error still shows")
         assert logger.level == before
     assert [r.getMessage() for r in caplog.records] == ["a real error still shows"]
+
+
+def test_the_cli_keeps_the_digits_build_lines_out_of_a_run(capsys):
+    from experiments.cli import QUIET_LOGGERS, main
+
+    assert main(["list"]) == 0
+    for name in QUIET_LOGGERS:
+        assert logging.getLogger(name).getEffectiveLevel() == logging.WARNING
+    assert logging.getLogger("fedsim").getEffectiveLevel() == logging.INFO  # the run's own notices still show
