@@ -6,15 +6,14 @@ Layout under ``--set data.root=DIR``::
     DIR/cityA/annotations.json    DIR/cityA/images/...     <- one client domain
     DIR/night/annotations.json    DIR/night/images/...
 
-``annotations.json`` is a COCO detection file (``images``, ``annotations`` with
-``bbox = [x, y, width, height]`` in pixels, ``categories``); ``file_name`` is relative to
-the domain's ``images/`` folder. An image record may carry ``"split": "train"`` or
-``"test"``; images without it are split 80/20 from ``data.seed``. Classes are matched by
-category *name* across domains (in the order first seen: by category id, domains in
-name order), so a class may be absent from some domains. Images are resized to S x S (``data.variant``: ``default`` =
-128, or a number such as ``256``), boxes scaled by the same factors; crowd annotations
-(``iscrowd = 1``) are dropped. The domain named ``server`` holds the FedOD server's data.
-Every problem (missing file, bad box, unknown category) is one line naming the file.
+``annotations.json`` is a COCO detection file (``images``, ``annotations`` with ``bbox = [x, y, width, height]`` in
+pixels, ``categories``); ``file_name`` is relative to the domain's ``images/`` folder. An image record may carry
+``"split": "train"`` or ``"test"``; images without it are split 80/20 from ``data.seed``. Classes are matched by
+category *name* across domains (in the order first seen: by category id, domains in name order), so a class may be
+absent from some domains. Images are resized to S x S (``data.variant``: ``default`` = 128, or a number such as
+``256``), boxes scaled by the same factors; crowd annotations (``iscrowd = 1``) are dropped. The domain named
+``server`` holds the FedOD server's data. Every problem (missing file, bad box, unknown category) is one line naming
+the file.
 """
 
 from __future__ import annotations
@@ -61,27 +60,13 @@ def write_coco_domain(
             image_id = len(coco["images"]) + 1
             name = f"{split}_{index:05d}.png"
             Image.fromarray(np.ascontiguousarray(img.transpose(1, 2, 0)), mode="RGB").save(folder / IMAGES / name)
-            coco["images"].append(
-                {
-                    "id": image_id,
-                    "file_name": name,
-                    "width": int(img.shape[2]),
-                    "height": int(img.shape[1]),
-                    "split": split,
-                }
-            )
+            size = {"width": int(img.shape[2]), "height": int(img.shape[1])}
+            coco["images"].append({"id": image_id, "file_name": name, **size, "split": split})
             for box, label in zip(boxes, labels):
                 x1, y1, x2, y2 = (float(v) for v in box)
-                coco["annotations"].append(
-                    {
-                        "id": len(coco["annotations"]) + 1,
-                        "image_id": image_id,
-                        "category_id": int(label) + 1,
-                        "bbox": [x1, y1, x2 - x1, y2 - y1],
-                        "area": (x2 - x1) * (y2 - y1),
-                        "iscrowd": 0,
-                    }
-                )
+                ids = {"id": len(coco["annotations"]) + 1, "image_id": image_id, "category_id": int(label) + 1}
+                geometry = {"bbox": [x1, y1, x2 - x1, y2 - y1], "area": (x2 - x1) * (y2 - y1), "iscrowd": 0}
+                coco["annotations"].append({**ids, **geometry})
     path = folder / ANNOTATIONS
     path.write_text(json.dumps(coco))
     return path
