@@ -163,7 +163,7 @@ class FADA(Method):
         replies = ctx.call("fit", state["weights"], sources, {**settings, "send_delta": last == "fit"})
         metrics: dict[str, Any] = {"train_loss": {str(cid): r.metrics["train_loss"] for cid, r in replies.items()}}
         if p.adversarial:
-            replies = self.adversarial_stage(ctx, sources, last == "adversarial", metrics, settings)
+            replies = self.adversarial_stage(ctx, sources, last == "adversarial", metrics)
         if p.disentangle:
             replies = ctx.call("disentangle", None, sources, {**settings, "send_delta": True})
             metrics.update({key: self.per_source(replies, key) for key in Disentanglement.METRICS})
@@ -173,9 +173,10 @@ class FADA(Method):
     def per_source(self, replies: Replies, key: str) -> dict[str, float]:
         return {self.labels[cid]: float(r.metrics[key]) for cid, r in replies.items() if key in r.metrics}
 
-    def adversarial_stage(self, ctx, sources: list[int], send_delta: bool, metrics: dict, settings: dict) -> Replies:
+    def adversarial_stage(self, ctx, sources: list[int], send_delta: bool, metrics: dict) -> Replies:
         """Sec. 3.2: per alternation, fresh target features go to the sources; their mean feature gradient moves G_t."""
         tid, steps, norms = self.target_id, self.params.adversarial_steps, []
+        settings = self.client_settings(ctx.round)
         for step in range(1, steps + 1):
             seed = derive_seed(ctx.seed(tid, "features"), step)  # the inputs of this step's features, for align
             target = ctx.call("features", None, [tid], {**settings, "seed": seed})[tid]
@@ -249,7 +250,7 @@ class FADA(Method):
     def fit(self, instruction: Instruction, state: Any, data: ClientData) -> tuple[Reply, Any]:
         """Source: start from the target model, local epochs of cross-entropy on G_i, D_inv, C_i."""
         self.require(data, "fit", target=False)
-        net, method = state["net"], LocalSettings.from_config(instruction.config)
+        net, method = state["net"], LocalSettings.from_config(instruction.config, self.config.method)
         load_numpy(net, instruction.tensors)
         state["start"] = {name: np.array(value, copy=True) for name, value in instruction.tensors.items()}
         seed, optimizer = instruction.config["seed"], make_optimizer(net, method)
@@ -268,7 +269,7 @@ class FADA(Method):
                 self.params.target_batch,
                 instruction.config["seed"],
                 self.device,
-                chunk=instruction.config["batch_size"],
+                chunk=instruction.config.get("batch_size", self.config.method.batch_size),
                 batch_statistics=True,
             )
         return Reply(
@@ -281,7 +282,7 @@ class FADA(Method):
         (Eq. 3); returns d(confusion)/d(target features). The optimizers live from step 1 to the last step."""
         self.require(data, "adversarial", target=False)
         p, config = self.params, instruction.config
-        method = LocalSettings.from_config(config)
+        method = LocalSettings.from_config(config, self.config.method)
         step, seed, net = config["step"], config["seed"], state["net"]
         if step == 1:
             identifier = state["parts"].domain_identifier
@@ -318,7 +319,7 @@ class FADA(Method):
         """Target: one step of G_t along the sources' mean gradient of the confusion loss w.r.t. its features."""
         self.require(data, "align", target=True)
         net, config = state["net"], instruction.config
-        method = LocalSettings.from_config(config)
+        method = LocalSettings.from_config(config, self.config.method)
         if config["step"] == 1:
             state["align_optimizer"] = make_optimizer(net.encoder, method)  # G_t's, kept through the round's steps
         norm = align_generator(
@@ -340,7 +341,7 @@ class FADA(Method):
         """Source: Eq. 4 (cross-entropy on both parts), Eq. 5 (entropy), Eq. 6 (MINE), Eq. 7 (reconstruction)."""
         self.require(data, "disentangle", target=False)
         p, net, parts = self.params, state["net"], state["parts"]
-        method = LocalSettings.from_config(instruction.config)
+        method = LocalSettings.from_config(instruction.config, self.config.method)
         objective = Disentanglement(
             net,
             parts,

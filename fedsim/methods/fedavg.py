@@ -64,7 +64,7 @@ class FedAvg(SingleExchange):
         model = state["model"]
         from fedsim.methods.common.training import model_to_numpy
 
-        settings = LocalSettings.from_config(instruction.config)
+        settings = LocalSettings.from_config(instruction.config, self.config.method)
         seed, loss_fn = instruction.config["seed"], self.local_loss(instruction)
         loss = self.classifier.train(model, instruction.tensors, data.train, seed, loss_fn, settings)
         return Reply(data.client_id, model_to_numpy(model), {"train_loss": loss}, num_examples=len(data.train)), state

@@ -97,7 +97,7 @@ class FedDaDiL(DictionaryMethod):
     @client_operation
     def dil(self, instruction: Instruction, state: Any, data: ClientData) -> tuple[Reply, Any]:
         """E local iterations on the client's copy of the atoms and on its alpha (Alg. 1, ClientUpdate)."""
-        p, settings = self.params, LocalSettings.from_config(instruction.config)
+        p, settings = self.params, LocalSettings.from_config(instruction.config, self.config.method)
         batch_size = settings.batch_size
         self.encoder.prepare(state, data, instruction.tensors)
         train_x = state["train_features"]

@@ -155,7 +155,11 @@ class FedRep(Method):
     def fit(self, instruction: Instruction, state: Any, data: ClientData) -> tuple[Reply, Any]:
         """tau_h head epochs on the frozen representation's features, then the representation's epochs (head
         frozen); only phi goes back."""
-        model, method, seed = state["model"], LocalSettings.from_config(instruction.config), instruction.config["seed"]
+        model, method, seed = (
+            state["model"],
+            LocalSettings.from_config(instruction.config, self.config.method),
+            instruction.config["seed"],
+        )
         load_numpy(model, {**instruction.tensors, **self.own_head(state)})
         metrics = {}
         if self.params.head_epochs:

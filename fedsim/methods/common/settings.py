@@ -26,9 +26,12 @@ class LocalSettings:
         return cls(**{f.name: getattr(method_config, f.name) for f in fields(cls)})
 
     @classmethod
-    def from_config(cls, config: Mapping[str, Any]) -> LocalSettings:
-        """The values an instruction's ``config`` carries (KeyError when the server half did not send them)."""
-        return cls(**{f.name: config[f.name] for f in fields(cls)})
+    def from_config(cls, config: Mapping[str, Any], fallback=None) -> LocalSettings:
+        """The values an instruction's ``config`` carries; a value it lacks comes from ``fallback`` (a ``method``
+        section), or raises KeyError when there is none."""
+        if fallback is None:
+            return cls(**{f.name: config[f.name] for f in fields(cls)})
+        return cls(**{f.name: config.get(f.name, getattr(fallback, f.name)) for f in fields(cls)})
 
     def to_config(self) -> dict[str, Any]:
         return asdict(self)

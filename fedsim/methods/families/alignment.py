@@ -173,7 +173,7 @@ class FeatureAlignment(AlignmentSchedule):
         """Source client: E local epochs of cross-entropy + lambda * domain loss against the received features."""
         if data.train.y is None:
             raise ValueError("fit needs labels: only source clients train, the target client only sends features")
-        settings, seed = LocalSettings.from_config(instruction.config), instruction.config["seed"]
+        settings, seed = LocalSettings.from_config(instruction.config, self.config.method), instruction.config["seed"]
         model, domain_loss = state["model"], state["domain_loss"]
         load_numpy(model, {k: v for k, v in instruction.tensors.items() if k != TARGET_FEATURES})
         target = torch.tensor(np.asarray(instruction.tensors[TARGET_FEATURES])).to(self.device)

@@ -120,7 +120,7 @@ class EncoderStage:
 
     def fit(self, instruction: Instruction, state: Any, data: ClientData) -> tuple[Reply, Any]:
         """FedAvg's local epochs of cross-entropy from the global weights (McMahan et al. 2017, Alg. 1)."""
-        model, settings = state["model"], LocalSettings.from_config(instruction.config)
+        model, settings = state["model"], LocalSettings.from_config(instruction.config, self.host.config.method)
         loss = self.classifier.train(model, instruction.tensors, data.train, instruction.config["seed"], None, settings)
         return Reply(data.client_id, model_to_numpy(model), {"train_loss": loss}, num_examples=len(data.train)), state
 
