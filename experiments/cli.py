@@ -27,18 +27,6 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"fedsim: error: {message} (see '{self.prog} --help')\n")
 
 
-def _optional_command(module: str):
-    """The module of a command, or None while it is not part of this checkout."""
-    import importlib
-
-    try:
-        return importlib.import_module(module)
-    except ModuleNotFoundError as exc:
-        if exc.name != module:
-            raise
-        return None
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="fedsim", description="Federated domain adaptation simulator")
     sub = parser.add_subparsers(dest="command", parser_class=_Parser)
@@ -76,7 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("-q", "--quiet", action="store_true", help="no progress bar and no table")
     sub.add_parser("list", help="list methods (with their task), benchmarks and their domains")
     # light imports: Ray and matplotlib load only when a command runs
-    from experiments import report, reproduce, sweep
+    from experiments import diagnose, report, reproduce, sweep
 
     sweep.add_arguments(
         sub.add_parser("sweep", help="Ray Tune grid over methods x local epochs x seeds (x any --set list)")
@@ -85,9 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
         sub.add_parser("reproduce", help="run a paper's protocol (a spec: grid + claims) as Ray Tune trials")
     )
     report.add_arguments(sub.add_parser("report", help="plots and a markdown table for a run or a sweep directory"))
-    diagnose = _optional_command("experiments.diagnose")
-    if diagnose is not None:
-        diagnose.add_arguments(sub.add_parser("diagnose", help="tools that explain a result, e.g. where atoms sit"))
+    diagnose.add_arguments(sub.add_parser("diagnose", help="tools that explain a result, e.g. where atoms sit"))
     return parser
 
 
