@@ -19,7 +19,8 @@ VOCABULARY = 30
 
 
 def corpus(seed: int = 0):
-    """Word counts whose class shows in a few words, domains shifted by their own vocabulary; labels -1/1 as released."""
+    """Word counts whose class shows in a few words, domains shifted by their own vocabulary; labels -1/1 as
+    released."""
     rng = np.random.default_rng(seed)
     n = sum(SIZES)
     y = np.where(np.arange(n) % 2 == 0, 1, -1)

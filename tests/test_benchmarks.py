@@ -1,4 +1,5 @@
-"""The benchmark scripts run and print consistent figures (smoke runs on tiny settings; no timing target is asserted)."""
+"""The benchmark scripts run and print consistent figures (smoke runs on tiny settings; no timing target is
+asserted)."""
 
 import re
 import subprocess

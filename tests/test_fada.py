@@ -57,7 +57,8 @@ class LabelGuard:
 
 
 def guard_target_labels(executor, federation):
-    """After the setup stage (standardization): the target's training labels raise when read, from its first state on."""
+    """After the setup stage (standardization): the target's training labels raise when read, from its first
+    state on."""
     host = executor.host
     for tid in federation.target_ids:
         data = host._client(tid)

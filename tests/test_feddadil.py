@@ -113,7 +113,8 @@ def test_atom_drift_is_zero_for_identical_versions():
 
 @pytest.mark.parametrize("optimizer", ["sgd", "adam"])
 def test_label_logits_step_with_lr_labels(optimizer):
-    """One step on a unit gradient: features move by lr_atoms, label logits by lr_labels (0: lr_atoms), alpha by lr_alpha."""
+    """One step on a unit gradient: features move by lr_atoms, label logits by lr_labels (0: lr_atoms), alpha by
+    lr_alpha."""
     for lr_labels, expected in ((0.0, 10.0), (0.5, 0.5)):
         p = dil.DictionaryParams(optimizer=optimizer, lr_atoms=10.0, lr_labels=lr_labels, lr_alpha=0.01)
         x, logits, alpha = (torch.zeros(shape, requires_grad=True) for shape in ((2, 3), (2, 4), (2,)))

@@ -1,4 +1,5 @@
-"""Classification FedRep: what crosses the wire (heads only in the evaluation-only exchange), the target's mixture rule."""
+"""Classification FedRep: what crosses the wire (heads only in the evaluation-only exchange), the target's
+mixture rule."""
 
 import numpy as np
 import torch
@@ -54,7 +55,7 @@ def test_heads_are_personal_and_the_representation_is_averaged(toy_overrides):
 def test_target_predicts_with_the_sample_weighted_mean_of_the_sources_probabilities(toy_overrides):
     config, federation, executor, server = _run(toy_overrides)
     server.run_round(1, evaluate=True)
-    (share, _), (evaluate, replies) = executor.calls[-2], executor.calls[-1]
+    _, (evaluate, replies) = executor.calls[-2], executor.calls[-1]
     target = federation.target_ids[0]
     payload = evaluate[target].tensors
     data = load_client_data(config.data, federation, target)

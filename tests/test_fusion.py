@@ -17,7 +17,8 @@ def test_wbf_averages_overlapping_boxes_weighted_by_score():
     a = dets([[10, 10, 50, 50]], [0.9], [1])
     b = dets([[14, 10, 54, 50]], [0.3], [1])
     boxes, scores, labels = fuse([a, b], SIZE, method="wbf", iou_thr=0.5)
-    # x1 = (0.9 * 10 + 0.3 * 14) / 1.2 = 11, x2 = (0.9 * 50 + 0.3 * 54) / 1.2 = 51; score = mean(0.9, 0.3) * min(2, 2) / 2
+    # x1 = (0.9 * 10 + 0.3 * 14) / 1.2 = 11, x2 = (0.9 * 50 + 0.3 * 54) / 1.2 = 51;
+    # score = mean(0.9, 0.3) * min(2, 2) / 2
     np.testing.assert_allclose(boxes, [[11, 10, 51, 50]], atol=1e-6)
     np.testing.assert_allclose(scores, [0.6])
     assert labels.tolist() == [1] and labels.dtype == np.int64

@@ -45,7 +45,9 @@ deadline = time.time() + 90
 while len([n for n in ray.nodes() if n["Alive"]]) < 2 and time.time() < deadline:
     time.sleep(0.5)
 nodes = {n["NodeID"]: sorted(n["Resources"]) for n in ray.nodes() if n["Alive"]}
-clients = {a: info["Address"]["NodeID"] for a, info in actors().items() if info["ActorClassName"].endswith("ClientActor")}
+clients = {
+    a: info["Address"]["NodeID"] for a, info in actors().items() if info["ActorClassName"].endswith("ClientActor")
+}
 print(json.dumps({"nodes": nodes, "clients": clients}))
 """
 
