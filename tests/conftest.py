@@ -141,6 +141,9 @@ def ray_cluster():
     """One local Ray cluster shared by every test that needs it."""
     ray = pytest.importorskip("ray")
     if not ray.is_initialized():
-        ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING")
+        from actors.backend import RAY_AUTH_LOGGER, quiet_logger
+
+        with quiet_logger(RAY_AUTH_LOGGER):
+            ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING")
     yield ray
     ray.shutdown()
