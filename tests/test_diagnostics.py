@@ -195,3 +195,13 @@ def test_no_checkpoint_is_one_clear_line(tmp_path, toy_overrides, capsys):
         "has no checkpoint.pkl: run it with run.checkpoint_every below run.rounds (the diagnostic "
         "reads the state of the last checkpointed round)"
     )
+
+
+def test_through_the_cli(feddadil_run, capsys):
+    from experiments.cli import main
+
+    out, _ = feddadil_run
+    assert main(["diagnose", "feddadil-atoms", str(out), "--no-accuracy", "--seed", "1", "--samples", "20"]) == 0
+    assert "W2^2 to atom k" in capsys.readouterr().out
+    assert main(["diagnose", "feddadil-alpha", str(out.parent / "elsewhere")]) == 2
+    assert "is not a directory" in capsys.readouterr().err

@@ -24,7 +24,9 @@ METHODS = ("feddadil",)
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("run_dir", metavar="RUN_DIR", help="a FedDaDiL run directory with a checkpoint")
     parser.add_argument("--steps", type=int, default=50, help="projected SGD steps of the re-fit (default 50)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the re-fit's mini-batches and the classifiers")
+    parser.add_argument(
+        "--seed", dest="refit_seed", type=int, default=0, help="seed of the re-fit's mini-batches and the classifiers"
+    )
 
 
 def refit_alpha(run: RunDir, client_id: int, steps: int, seed: int) -> torch.Tensor:
@@ -96,5 +98,5 @@ def report(run: RunDir, lines: list[dict]) -> str:
 
 def run(args: argparse.Namespace) -> int:
     run_dir = RunDir.open(args.run_dir, NAME, METHODS)
-    print(report(run_dir, measure(run_dir, args.steps, args.seed)))
+    print(report(run_dir, measure(run_dir, args.steps, args.refit_seed)))
     return 0

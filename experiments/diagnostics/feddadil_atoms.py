@@ -31,7 +31,9 @@ METHODS = ("feddadil", "dadil")
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("run_dir", metavar="RUN_DIR", help="a FedDaDiL or DaDiL run directory with a checkpoint")
     parser.add_argument("--samples", type=int, default=0, help="test rows of each domain compared (0: atom size)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the atoms' classifiers h_k")
+    parser.add_argument(
+        "--seed", dest="classifier_seed", type=int, default=0, help="seed of the atoms' classifiers h_k"
+    )
     parser.add_argument("--no-accuracy", action="store_true", help="distances only (no classifier is trained)")
     parser.add_argument("--plot", help="also write a heatmap of W2^2 (sources x atoms) to this PNG file")
 
@@ -103,7 +105,7 @@ def plot(lines: list[dict], path: str) -> None:
 
 def run(args: argparse.Namespace) -> int:
     run_dir = RunDir.open(args.run_dir, NAME, METHODS)
-    lines = measure(run_dir, args.samples, args.seed, accuracy=not args.no_accuracy)
+    lines = measure(run_dir, args.samples, args.classifier_seed, accuracy=not args.no_accuracy)
     print(report(run_dir, lines))
     if args.plot:
         plot(lines, args.plot)
