@@ -58,6 +58,6 @@ def check_numeric_flags(args: argparse.Namespace, lists: tuple[str, ...] = ()) -
             continue
         if flag not in lists and "," in str(text):
             continue  # a list where one value goes: the command says how to sweep it
-        for item in str(text).split(",") if flag in lists else [text]:
+        for item in str(text).split(",") if flag in lists else [str(text)]:
             if item.strip():
                 check_number(flag, item.strip())

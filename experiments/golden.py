@@ -166,7 +166,10 @@ def record_case(case: str, backend: str, work: Path) -> dict:
 def record_all(cases: list[str]) -> dict:
     import ray
 
-    ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING")
+    from actors.backend import RAY_AUTH_LOGGER, quiet_logger
+
+    with quiet_logger(RAY_AUTH_LOGGER):
+        ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING")
     out = {}
     try:
         with tempfile.TemporaryDirectory() as tmp:

@@ -33,7 +33,6 @@ import argparse
 import logging
 import sys
 import time
-import warnings
 from pathlib import Path
 from typing import Optional
 
@@ -174,11 +173,7 @@ def run_grid(
     try:
         cluster = ray.cluster_resources()
         if any(c.resources.gpus_per_client > 0 for c in configs.values()) and cluster.get("GPU", 0) == 0:
-            warnings.warn(
-                "--gpus-per-client asked for GPUs but the Ray cluster has none: client actors run on CPU",
-                RuntimeWarning,
-                stacklevel=2,
-            )
+            log.warning("--gpus-per-client asked for GPUs but the Ray cluster has none: client actors run on CPU")
         plans = {key: plan_trial(config, clients[key], cluster, spec.backend) for key, config in configs.items()}
         tune_dir = out.resolve() / TUNE_NAME
         if resume and not tune.Tuner.can_restore(str(tune_dir)):
