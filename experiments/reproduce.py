@@ -92,6 +92,13 @@ def _resumed(args: argparse.Namespace) -> tuple[PaperSpec, SweepSpec, Path]:
     return from_json((out / STATE_FILE).read_text()), SweepSpec.from_json((out / SPEC_FILE).read_text()), out
 
 
+def output_names(spec: PaperSpec) -> list[str]:
+    """What :func:`write_outputs` writes for ``spec``: what a ``results/`` directory holds beside its spec.yaml."""
+    from experiments.reproduce_plots import plot_names
+
+    return ["results.csv", "table.md", "claims.md", *plot_names(spec)]
+
+
 def write_outputs(spec: PaperSpec, records: list[dict], out: Path) -> list[Path]:
     """results.csv, table.md, claims.md and the plots; returns the paths written."""
     from experiments.reproduce_plots import write_plots

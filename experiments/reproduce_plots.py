@@ -109,6 +109,12 @@ def plot_rounds(
     return _save(fig, axes, path, "round", key)
 
 
+def plot_names(spec: PaperSpec) -> list[str]:
+    """The files :func:`write_plots` writes for ``spec``: two plots per benchmark, then one per series."""
+    names = [name for bench in spec.benchmarks for name in (f"accuracy-{bench}.png", f"accuracy_per_round-{bench}.png")]
+    return names + [f"series-{series['metric']}.png" for series in spec.series]
+
+
 def write_plots(spec: PaperSpec, records: list[dict], lines: list[dict], out: Path) -> list[Path]:
     written = []
     for bench, settings in spec.benchmarks.items():

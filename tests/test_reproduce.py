@@ -8,8 +8,10 @@ from pathlib import Path
 import pytest
 
 from experiments.cli import main
+from experiments.reproduce import STATE_FILE, output_names
 from experiments.reproduce_results import check_claim, metric_value, results_rows, table
 from experiments.reproduce_spec import PaperSpec, available, load_spec, shrink, to_sweep
+from experiments.sweep import SPEC_FILE
 from fedsim.errors import UserError
 
 PAPERS = {  # paper -> (methods its full grid runs, trials of the full grid, trials with --quick)
@@ -244,6 +246,8 @@ def test_fada_quick_end_to_end_then_resume(tmp_path, ray_cluster, capsys):
     assert f"fada-III {float(fada3['target']):.3f}" in verdicts[0]
     for name in ("accuracy-digits.png", "accuracy_per_round-digits.png", "series-attention.png"):
         assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    written = {p.name for p in out.iterdir() if p.is_file()} - {STATE_FILE, SPEC_FILE}
+    assert written == set(output_names(shrink(load_spec(None, str(spec_file)), True, None)))
     assert main(["reproduce", "-q", "--resume", "--out", str(out)]) == 0
     assert _rows(out / "results.csv") == lines  # same trials, same wall times: nothing ran again
     assert (out / "table.md").read_text() == table_text
