@@ -41,6 +41,7 @@ class DataConfig:
     normalization: str = "auto"  # "auto" (the benchmark's default), "none", "federated", "per-domain"
     variant: str = "default"  # benchmark-specific variant (e.g. the TEP class list)
     samples_per_class: Optional[int] = None  # benchmark-specific size (TEP samples per class and mode, CWRU windows)
+    classes: tuple[str, ...] = ()  # benchmark-specific class subset (CWRU); empty = the benchmark's default
     image_size: Optional[int] = None  # image-folder benchmarks: square side images are resized to (images: 32)
 
 

@@ -4,22 +4,32 @@ Domains are motor loads (the shaft speed changes with the load): ``0hp`` (about
 1797 rpm), ``1hp`` (1772), ``2hp`` (1750), ``3hp`` (1730); the usual choice is three of
 them (``1hp``, ``2hp``, ``3hp``). Classes are the normal baseline and the drive-end
 faults ``ball_``, ``inner_`` and ``outer_`` (outer race at 6:00) of diameter 0.007,
-0.014 and 0.021 in (``ball_007`` ... ``outer_021``); any subset works if every domain
-has it. Layout, one CWRU ``.mat`` recording per class, renamed::
+0.014 and 0.021 in (``ball_007`` ... ``outer_021``). Layout, one 12 kHz drive-end
+recording of the data centre per class and load, named after the class, as shipped
+with the recording's file number or without it::
 
-    DIR/1hp/normal.mat        (e.g. 98.mat)
-    DIR/1hp/inner_007.mat     (e.g. 106.mat)
+    DIR/0hp/normal_97.mat        (variable X097_DE_time)
+    DIR/1hp/inner_007_106.mat    (variable X106_DE_time)
+    DIR/1hp/ball_007.mat         (one *_DE_time variable)
     DIR/2hp/...
 
-A file may keep its number as ``<class>_<number>.mat`` (``normal_99.mat``): then the
-variable ``X<number>_DE_time`` is used, which settles files that hold several
-recordings. Otherwise the file must hold exactly one ``*_DE_time`` variable (the
-drive-end accelerometer). Each signal is cut into windows of ``WINDOW`` = 1024
-samples, non-overlapping (all that fit), or ``data.samples_per_class`` windows spread
-evenly over the recording (overlapping when more are asked than fit). Features
+With a number, the variable ``X<number>_DE_time`` is used, which settles files that
+hold several recordings; without one, the file must hold exactly one ``*_DE_time``
+variable (the drive-end accelerometer). Other variables (``X<number>RPM``, fan end,
+base) are ignored.
+
+Classes (``data.classes``, a list such as ``--set data.classes=ball_007,inner_007``):
+the named classes, labelled in the order given; every chosen load (the target and
+``data.sources``, or every load folder when no sources are named) must have them.
+The default is the classes present in every chosen load, in the order above, logged
+once (the public copies often lack the normal recordings of 1-3 hp: then the nine
+faults are used). Each signal is cut into windows of ``WINDOW`` = 1024 samples,
+non-overlapping (all that fit), or ``data.samples_per_class`` windows spread evenly
+over the recording (overlapping when more are asked than fit). Features
 (``data.variant``): ``fft`` (default), the one-sided FFT magnitude of the window minus
 its mean (512 values), or ``raw`` (the 1024 samples). Split 80/20 stratified from
-``data.seed``; no resampling (the signal is used at the rate it was stored).
+``data.seed``, then ``data.max_train_per_domain``; no resampling (the signal is used
+at the rate it was stored).
 """
 
 from __future__ import annotations
@@ -35,7 +45,7 @@ from fedsim.data.benchmarks.feature_files import read_mat, root_folder
 from fedsim.data.benchmarks.options import check_domain, choice, count
 from fedsim.data.benchmarks.splits import split_named_domain
 from fedsim.errors import UserError
-from fedsim.registry import BENCHMARKS
+from fedsim.registry import BENCHMARKS, unknown_name_message
 
 logger = logging.getLogger(__name__)
 
@@ -54,7 +64,10 @@ CLASSES: tuple[str, ...] = (
 )
 WINDOW = 1024
 FEATURES = ("fft", "raw")
-_LAYOUT = "DIR/<load>/<class>.mat with load in 0hp, 1hp, 2hp, 3hp and class in " + ", ".join(CLASSES)
+_LAYOUT = (
+    "DIR/<load>/<class>.mat or <class>_<file number>.mat with load in 0hp, 1hp, 2hp, 3hp and class in "
+    + ", ".join(CLASSES)
+)
 
 
 def parse_name(stem: str) -> Optional[tuple[str, Optional[str]]]:
@@ -124,12 +137,71 @@ def _de_signal(path: Path, number: Optional[str]) -> np.ndarray:
     return signal.astype(np.float64)
 
 
+def scan_load(folder: Path) -> dict[str, tuple[Path, Optional[str]]]:
+    """{class: (file, recording number or None)} of one load folder; one line for a stray or duplicate file."""
+    entries: dict[str, tuple[Path, Optional[str]]] = {}
+    for path in sorted(folder.iterdir()):
+        if not path.is_file() or path.suffix.lower() != ".mat":
+            continue
+        parsed = parse_name(path.stem)
+        if parsed is None:
+            raise UserError(
+                f"cwru: {path} is not named after a class: name it <class>.mat or <class>_<number>.mat "
+                f"with class in {', '.join(CLASSES)}"
+            )
+        cls, number = parsed
+        if cls in entries:
+            raise UserError(f"cwru: {entries[cls][0]} and {path} are both class {cls!r} in {folder}: keep one")
+        entries[cls] = (path, number)
+    return entries
+
+
+def class_option(config) -> tuple[str, ...]:
+    """``data.classes``: known class names, no repeats (empty: choose the common ones)."""
+    names = tuple(str(c).strip().lower() for c in (getattr(config, "classes", None) or ()))
+    for name in names:
+        if name not in CLASSES:
+            raise UserError(unknown_name_message("cwru class", name, list(CLASSES), "--set data.classes=a,b"))
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    if repeated:
+        raise UserError(f"data.classes names {', '.join(repeated)} more than once: name each class once")
+    if len(names) == 1:
+        raise UserError(f"data.classes names one class ({names[0]}): a task needs at least two")
+    return names
+
+
+def choose_classes(files: dict[str, dict], loads: list[str], named: tuple[str, ...]) -> tuple[str, ...]:
+    """The named classes, each checked in every chosen load, or the classes every chosen load has (logged)."""
+    common = [c for c in CLASSES if all(c in files[d] for d in loads)]
+    have = f"every chosen load has ({', '.join(common) or 'none'})"
+    for cls in named:
+        lacking = [d for d in loads if cls not in files[d]]
+        if lacking:
+            raise UserError(
+                f"cwru: data.classes names {cls} but load {lacking[0]} has no {cls}.mat or {cls}_<number>.mat: "
+                f"pick data.classes among the classes {have}, or leave load {', '.join(lacking)} out "
+                "(--target and --set data.sources=...)"
+            )
+    if named:
+        return named
+    if len(common) < 2:
+        raise UserError(
+            f"cwru: the classes {have} are fewer than two (loads {', '.join(loads)}): "
+            f"add the missing files ({_LAYOUT}) or leave the incomplete loads out with --set data.sources=..."
+        )
+    found = [c for c in CLASSES if c not in common and any(c in entries for entries in files.values())]
+    gaps = "; ".join(f"{c} missing from {', '.join(d for d in loads if c not in files[d])}" for c in found)
+    logger.info("cwru: %d classes common to loads %s%s", len(common), ", ".join(loads), f" ({gaps})" if gaps else "")
+    return tuple(common)
+
+
 @BENCHMARKS.register("cwru")
 class CWRUBenchmark(Benchmark):
     """CWRU bearing faults from your .mat files (--set data.root=DIR): one load (0hp..3hp) per domain
 
-    Layout ``DIR/<load>/<class>.mat`` (classes normal, ball_007 ... outer_021); windows
-    of 1024 samples, FFT-magnitude (``data.variant=fft``) or raw (``raw``) features.
+    Layout ``DIR/<load>hp/<class>_<file number>.mat`` (or ``<class>.mat``; classes normal,
+    ball_007 ... outer_021, chosen with ``data.classes``); windows of 1024 samples,
+    FFT-magnitude (``data.variant=fft``) or raw (``raw``) features.
     """
 
     def __init__(self, data_config):
@@ -146,12 +218,22 @@ class CWRUBenchmark(Benchmark):
     def windows_per_class(self) -> Optional[int]:
         return count(self.config, "samples_per_class", "cwru")
 
+    def chosen_loads(self, loads: list[str]) -> list[str]:
+        """The target and ``data.sources`` among ``loads``, or every load when no sources are named."""
+        sources = tuple(getattr(self.config, "sources", ()) or ())
+        if not sources:
+            return loads
+        target = getattr(self.config, "target", None)
+        chosen = [d for d in loads if d in sources or d == target]
+        return chosen or loads
+
     # ------------------------------------------------------------------ files
 
     def files(self) -> dict[str, dict[str, tuple[Path, Optional[str]]]]:
-        """{domain: {class: (path, recording number or None)}}, checked for a complete, consistent layout."""
+        """{domain: {class: (path, recording number or None)}}; the classes are chosen on first call."""
         if self._files is not None:
             return self._files
+        named = class_option(self.config)
         root = root_folder(self.config, "cwru", f"one sub-folder per load ({_LAYOUT})")
         folders = {p.name: p for p in sorted(root.iterdir()) if p.is_dir() and p.name in DOMAINS}
         if len(folders) < 2:
@@ -160,37 +242,12 @@ class CWRUBenchmark(Benchmark):
                 f"cwru: {str(root)!r} has {len(folders)} load folder(s) ({have}): put at least two of 0hp, 1hp, 2hp, "
                 f"3hp there, laid out as {_LAYOUT}"
             )
-        files: dict[str, dict[str, tuple[Path, Optional[str]]]] = {}
-        for domain, folder in folders.items():
-            entries: dict[str, tuple[Path, Optional[str]]] = {}
-            for path in sorted(folder.iterdir()):
-                if not path.is_file() or path.suffix.lower() != ".mat":
-                    continue
-                parsed = parse_name(path.stem)
-                if parsed is None:
-                    raise UserError(
-                        f"cwru: {path} is not named after a class: name it <class>.mat or <class>_<number>.mat "
-                        f"with class in {', '.join(CLASSES)}"
-                    )
-                cls, number = parsed
-                if cls in entries:
-                    raise UserError(f"cwru: {entries[cls][0]} and {path} are both class {cls!r} in {folder}: keep one")
-                entries[cls] = (path, number)
-            files[domain] = entries
-        classes = [c for c in CLASSES if any(c in entries for entries in files.values())]
-        if len(classes) < 2:
-            raise UserError(
-                f"cwru: found {len(classes)} class file(s) under {str(root)!r}: a task needs at least two ({_LAYOUT})"
-            )
-        for domain, entries in files.items():
-            missing = [c for c in classes if c not in entries]
-            if missing:
-                raise UserError(
-                    f"cwru: {folders[domain]} lacks {', '.join(m + '.mat' for m in missing)}: every load folder needs "
-                    f"the same classes ({', '.join(classes)})"
-                )
+        files = {domain: scan_load(folder) for domain, folder in folders.items()}
+        if not any(files.values()):
+            raise UserError(f"cwru: the load folders under {str(root)!r} hold no .mat file: expected {_LAYOUT}")
+        loads = self.chosen_loads([d for d in DOMAINS if d in files])
+        self._classes = choose_classes(files, loads, named)
         self._files = files
-        self._classes = tuple(classes)
         return files
 
     @property
@@ -207,6 +264,12 @@ class CWRUBenchmark(Benchmark):
         """One load's windows of every class, split 80/20 stratified by class from ``data.seed``."""
         files = self.files()
         check_domain("cwru", domain, self.domains())
+        lacking = [c for c in self.classes if c not in files[domain]]
+        if lacking:
+            raise UserError(
+                f"cwru: load {domain} has no {lacking[0]}.mat or {lacking[0]}_<number>.mat: pick data.classes from "
+                f"the classes it has ({', '.join(c for c in self.classes if c in files[domain])}) or leave {domain} out"
+            )
         xs, ys = [], []
         kind, windows = self.features, self.windows_per_class
         for label, cls in enumerate(self.classes):
