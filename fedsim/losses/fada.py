@@ -168,6 +168,17 @@ class AdversarialAlignment:
         (gradient,) = torch.autograd.grad(weight * confusion, features)
         return gradient, float(confusion.detach())
 
+    def alternate(
+        self, batch: tuple | None, weight: float, target: torch.Tensor, generator: torch.Generator
+    ) -> tuple[np.ndarray, dict[str, float]]:
+        """One alternation: :meth:`step` on ``batch`` (``None``: no step), then the target gradient (float32) and
+        :meth:`metrics` with the target features' confusion loss."""
+        if batch is not None:
+            self.step(*batch, weight, target, generator)
+        gradient, target_confusion = self.target_gradient(weight, target)
+        metrics = {**self.metrics(), "target_confusion_loss": target_confusion}
+        return gradient.cpu().numpy().astype(np.float32), metrics
+
     def metrics(self) -> dict[str, float]:
         """DI's balanced accuracy and the confusion loss, means over the batches."""
         return {

@@ -14,18 +14,18 @@ stages of Alg. 1 in its order, each one ``ctx.call``; the switches ``attention``
 3. ``disentangle`` (Sec. 3.3, Eq. 4-7; sources): D_i splits G_i's features into f_di (classified by
    C_i) and f_ds (a class identifier at maximal entropy, minimal mutual information with f_di by MINE,
    and f_di and f_ds rebuild G_i(x)); back-propagated into G_i (``disentangle_generator``; off: G_i fixed).
-4. ``update`` (target, Sec. 3.1): attention a_i = softmax(gain of the sources' last-stage deltas Delta_i
-   = w_i - w_t on the target's invariant features / temperature), by ``gap_form`` (uniform with ``attention``
-   off: :mod:`fedsim.methods.common.attention`); w_t <- w_t + sum_i a_i Delta_i goes to the server.
+4. ``update`` (target, Sec. 3.1, Eq. 1-2): attention a_i = softmax(gain of the sources' deltas Delta_i = w_i - w_t
+   on the target's invariant features / temperature), by ``gap_form`` (uniform with ``attention`` off:
+   :mod:`fedsim.methods.common.attention`); w_t <- w_t + sum_i a_i Delta_i goes to the server.
 
 Each client evaluates its own model; ``target_accuracy`` is G_t/C_t's. The target never reads
-``train.y``; its batch-norm statistics change only through the sources' deltas. Deviations: ``docs/fada.md``.
+``train.y``; its batch-norm statistics change only through the sources' deltas. Losses:
+:mod:`fedsim.losses.fada`; networks: :mod:`fedsim.models.fada_parts`; deviations: ``docs/fada.md``.
 """
 
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -38,7 +38,7 @@ from fedsim.losses.fada import AdversarialAlignment, Disentanglement, MINELoss
 from fedsim.messages import Instruction, Reply
 from fedsim.methods.base import Method, Replies, ServerState, client_operation
 from fedsim.methods.common.alignment import TARGET_FEATURES, encode_subset
-from fedsim.methods.common.attention import GAIN_FORMS, apply_deltas, dynamic_attention
+from fedsim.methods.common.attention import apply_deltas, delta_tensors, gather_deltas, split_deltas, weigh_sources
 from fedsim.methods.common.batches import labeled_batch, labeled_batches
 from fedsim.methods.common.settings import LocalSettings
 from fedsim.methods.common.training import (
@@ -49,6 +49,7 @@ from fedsim.methods.common.training import (
     model_to_numpy,
     train_epochs,
 )
+from fedsim.methods.families.fada_params import FADAParams
 from fedsim.models import build_model
 from fedsim.models.fada_parts import (
     FADANet,
@@ -61,59 +62,7 @@ from fedsim.models.fada_parts import (
 from fedsim.registry import METHODS
 from fedsim.seeding import derive_seed
 
-DELTA, FEATURE_GRAD = (
-    "delta:",
-    "feature_grad",
-)  # a source's reply tensors: its model delta (a prefix), its feature gradient
-
-
-@dataclass(frozen=True)
-class FADAParams:
-    attention: bool = True  # dynamic attention from clustering gains; off: uniform weights
-    # gain: drop of the paper's I as a share of the scatter (scale-free), "dispersion" (I's relative drop), "tibshirani"
-    gap_form: str = "share"
-    disentangle_generator: bool = True  # Eq. 4-7 train G_i too (the paper); false: G_i fixed in that stage
-    adversarial: bool = True  # federated adversarial alignment stage
-    disentangle: bool = True  # representation disentanglement stage
-    lambda_adv: float = 0.1  # weight of the confusion loss on G_i and G_t (times the schedule)
-    schedule: str = "dann"  # "dann": lambda_adv * (2 / (1 + exp(-10 p)) - 1) over training progress p; "constant"
-    target_batch: int = 32  # target features sent per alternation (a rule: one source batch's worth, batch_size 32)
-    adversarial_steps: int = 10  # D / G_i / G_t alternations per round (not in the paper: a cost rule)
-    disentangle_steps: int = 0  # mini-batches per round of the disentanglement stage (0: one pass)
-    identifier_hidden: int = 256  # units per hidden layer of the domain identifier (2 layers)
-    parts_hidden: int = 128  # hidden units of the class identifier and the MINE statistics network
-    lambda_entropy: float = 1.0  # weight of the class-identifier entropy maximized by D_i (Eq. 5)
-    lambda_mi: float = 0.1  # weight of the MINE estimate minimized by D_i (Eq. 6)
-    lambda_recon: float = 1.0  # weight of the reconstruction L2 (Eq. 7)
-    mine_rate: float = 0.01  # moving-average rate of the MINE gradient correction (Belghazi et al. 2018, Sec. 3.2)
-    mine_lr: float = 1e-4  # Adam learning rate of the MINE statistics network (kept across rounds)
-    gap_samples: int = 256  # target inputs encoded for the gap statistic
-    gap_references: int = 5  # uniform reference sets B of the gap statistic
-    gap_clusters: int = 0  # k of k-means (0: the number of classes)
-    attention_temperature: float = 1.0  # softmax temperature over the gap gains (the paper: 1)
-
-    def __post_init__(self):
-        for name in ("target_batch", "gap_samples"):
-            if getattr(self, name) < 2:
-                raise UserError(f"method.{name} must be 2 or more, got {getattr(self, name)}")
-        for name in (
-            "identifier_hidden",
-            "parts_hidden",
-            "gap_references",
-            "attention_temperature",
-            "mine_lr",
-            "adversarial_steps",
-        ):
-            if not getattr(self, name) > 0:
-                raise UserError(f"method.{name} must be positive, got {getattr(self, name)}")
-        for name in ("lambda_adv", "lambda_entropy", "lambda_mi", "lambda_recon", "disentangle_steps", "gap_clusters"):
-            if getattr(self, name) < 0:
-                raise UserError(f"method.{name} must be 0 or more, got {getattr(self, name)}")
-        for name, allowed in (("gap_form", GAIN_FORMS), ("schedule", ("dann", "constant"))):
-            if getattr(self, name) not in allowed:
-                raise UserError(f"method.{name} must be one of {allowed}, got {getattr(self, name)!r}")
-        if not 0 < self.mine_rate <= 1:
-            raise UserError(f"method.mine_rate must be in (0, 1], got {self.mine_rate}")
+FEATURE_GRAD = "feature_grad"  # a source's reply tensor in the adversarial stage: d(confusion)/d(target features)
 
 
 @METHODS.register("fada")
@@ -145,8 +94,8 @@ class FADA(Method):
         return build_fada_net(base, self.federation.input_shape).to(self.device)
 
     def adversarial_weight(self, progress: float) -> float:
-        """lambda of the confusion loss at training progress ``progress`` in [0, 1] (Ganin et al., JMLR 2016, Sec.
-        5.2.2 ramp)."""
+        """lambda of the confusion loss at training progress ``progress`` in [0, 1] (Ganin et al., JMLR 2016,
+        Sec. 5.2.2 ramp)."""
         return self.params.lambda_adv * (dann_schedule(progress) if self.params.schedule == "dann" else 1.0)
 
     # ---- server half ------------------------------------------------------
@@ -155,10 +104,10 @@ class FADA(Method):
 
     def run_round(self, ctx, state: ServerState) -> tuple[ServerState, dict]:
         """Alg. 1: local classification, adversarial alignment, disentanglement, then dynamic attention on the
-        target."""
+        target. The round's last stage on the sources sends their deltas."""
         p = self.params
         sources = self.sample_clients(ctx.round, self.federation.source_ids)
-        last = "disentangle" if p.disentangle else "adversarial" if p.adversarial else "fit"  # sends the deltas
+        last = "disentangle" if p.disentangle else "adversarial" if p.adversarial else "fit"
         settings = self.client_settings(ctx.round)  # every stage's local steps read them from the instruction
         replies = ctx.call("fit", state["weights"], sources, {**settings, "send_delta": last == "fit"})
         metrics: dict[str, Any] = {"train_loss": {str(cid): r.metrics["train_loss"] for cid, r in replies.items()}}
@@ -174,7 +123,8 @@ class FADA(Method):
         return {self.labels[cid]: float(r.metrics[key]) for cid, r in replies.items() if key in r.metrics}
 
     def adversarial_stage(self, ctx, sources: list[int], send_delta: bool, metrics: dict) -> Replies:
-        """Sec. 3.2: per alternation, fresh target features go to the sources; their mean feature gradient moves G_t."""
+        """Sec. 3.2 (Eq. 3): per alternation, fresh target features go to the sources; the mean of their gradients
+        of the confusion w.r.t. those features moves G_t."""
         tid, steps, norms = self.target_id, self.params.adversarial_steps, []
         settings = self.client_settings(ctx.round)
         for step in range(1, steps + 1):
@@ -184,33 +134,21 @@ class FADA(Method):
             step_config = {**settings, "step": step, "send_delta": send_delta and step == steps}
             replies = ctx.call("adversarial", payload, sources, step_config)
             gradients = {str(cid): r.tensors[FEATURE_GRAD] for cid, r in replies.items()}
-            norms.append(
-                ctx.call("align", gradients, [tid], {**settings, "seed": seed, "step": step})[tid].metrics[
-                    "feature_grad_norm"
-                ]
-            )
+            aligned = ctx.call("align", gradients, [tid], {**settings, "seed": seed, "step": step})[tid]
+            norms.append(aligned.metrics["feature_grad_norm"])
         for key in ("domain_identifier_accuracy", "confusion_loss", "target_confusion_loss"):
-            metrics[key] = self.per_source(
-                replies, key
-            )  # the means over the round's steps (the last step's target loss)
-        metrics["mean_domain_identifier_accuracy"] = float(
-            np.mean(list(metrics["domain_identifier_accuracy"].values()))
-        )
+            metrics[key] = self.per_source(replies, key)  # means over the round's steps (the target's: the last step)
+        accuracies = list(metrics["domain_identifier_accuracy"].values())
+        metrics["mean_domain_identifier_accuracy"] = float(np.mean(accuracies))
         metrics["target_feature_grad_norm"] = float(np.mean(norms))
         return replies
 
     def attention_stage(self, ctx, sources: list[int], replies: Replies, metrics: dict) -> dict:
         """Sec. 3.1: the sources' deltas go to the target, which weighs them; returns the new target model."""
         tid = self.target_id
-        deltas = {
-            f"{cid}:{name[len(DELTA) :]}": t
-            for cid, r in replies.items()
-            for name, t in r.tensors.items()
-            if name.startswith(DELTA)
-        }
-        updated = ctx.call("update", deltas, [tid], {"sources": [int(c) for c in sources]})[tid]
+        updated = ctx.call("update", gather_deltas(replies), [tid], {"sources": [int(c) for c in sources]})[tid]
         metrics["attention"] = {self.labels[cid]: updated.metrics[f"attention:{cid}"] for cid in sources}
-        if self.params.attention:  # gap_statistic: the dispersion I or Tibshirani's Gap of w_t, by gap_form
+        if self.params.attention:  # gap_statistic: the dispersion I, its share or Tibshirani's Gap of w_t
             metrics["gap_statistic"] = updated.metrics["gap_statistic"]
             metrics["gap_gain"] = {self.labels[cid]: updated.metrics[f"gap_gain:{cid}"] for cid in sources}
         return dict(updated.tensors)
@@ -237,13 +175,10 @@ class FADA(Method):
             where = "runs on the target client only" if target else "trains on labels: it runs on source clients only"
             raise ValueError(f"FADA operation {operation!r} {where}")
 
-    def source_reply(
-        self, instruction: Instruction, state: Any, data: ClientData, tensors: dict, metrics: dict
-    ) -> Reply:
+    def source_reply(self, instruction: Instruction, state: Any, data: ClientData, tensors: dict, metrics: dict):
         """The stage's reply; the last stage of the round adds Delta_i = w_i - w_t, per named tensor."""
         if instruction.config.get("send_delta"):
-            start, current = state["start"], model_to_numpy(state["net"])
-            tensors.update({DELTA + name: value - start[name] for name, value in current.items()})
+            tensors.update(delta_tensors(state["start"], model_to_numpy(state["net"])))
         return Reply(data.client_id, tensors, metrics, num_examples=len(data.train))
 
     @client_operation
@@ -261,76 +196,46 @@ class FADA(Method):
     def features(self, instruction: Instruction, state: Any, data: ClientData) -> tuple[Reply, Any]:
         """Target: G_t's features of a seeded subset of its unlabeled inputs (target batch statistics)."""
         self.require(data, "features", target=True)
-        net = state["net"]
+        net, config = state["net"], instruction.config
+        chunk = config.get("batch_size", self.config.method.batch_size)
         with preserved_buffers(net):
-            encoded = encode_subset(
-                net,
-                data.train.x,
-                self.params.target_batch,
-                instruction.config["seed"],
-                self.device,
-                chunk=instruction.config.get("batch_size", self.config.method.batch_size),
-                batch_statistics=True,
-            )
-        return Reply(
-            data.client_id, {"features": encoded}, {"num_features": float(len(encoded))}, num_examples=len(encoded)
-        ), state
+            x, count, seed = data.train.x, self.params.target_batch, config["seed"]
+            encoded = encode_subset(net, x, count, seed, self.device, chunk=chunk, batch_statistics=True)
+        metrics = {"num_features": float(len(encoded))}
+        return Reply(data.client_id, {"features": encoded}, metrics, num_examples=len(encoded)), state
 
     @client_operation
     def adversarial(self, instruction: Instruction, state: Any, data: ClientData) -> tuple[Reply, Any]:
-        """Source, one alternation on one batch: DI_i learns source vs target features, then G_i confuses it
-        (Eq. 3); returns d(confusion)/d(target features). The optimizers live from step 1 to the last step."""
+        """Source, one alternation on one batch (Eq. 3): DI_i learns source vs target features, then G_i confuses
+        it; returns d(confusion)/d(target features). The optimizers live from step 1 to the last step."""
         self.require(data, "adversarial", target=False)
-        p, config = self.params, instruction.config
-        method = LocalSettings.from_config(config, self.config.method)
-        step, seed, net = config["step"], config["seed"], state["net"]
+        p, config, net = self.params, instruction.config, state["net"]
+        method, step, seed = LocalSettings.from_config(config, self.config.method), config["step"], config["seed"]
         if step == 1:
-            identifier = state["parts"].domain_identifier
-            state["alignment"] = AdversarialAlignment(
-                net, identifier, make_optimizer(identifier, method), make_optimizer(net, method)
-            )
+            di = state["parts"].domain_identifier
+            state["alignment"] = AdversarialAlignment(net, di, make_optimizer(di, method), make_optimizer(net, method))
         alignment = state["alignment"]
-        target = torch.tensor(
-            np.asarray(instruction.tensors[TARGET_FEATURES]), device=self.device
-        )  # a copy: read-only arrays
+        target = torch.tensor(np.asarray(instruction.tensors[TARGET_FEATURES]), device=self.device)  # a copy
         weight = self.adversarial_weight((config["round"] - 1 + step / p.adversarial_steps) / self.config.run.rounds)
-        batch = labeled_batch(
-            data.train,
-            method.batch_size,
-            p.adversarial_steps,
-            step - 1,
-            torch.Generator().manual_seed(seed),
-            self.device,
-        )
-        if batch is not None:
-            alignment.step(
-                *batch, weight, target, torch.Generator().manual_seed(derive_seed(seed, step, "target-batch"))
-            )
-        gradient, target_confusion = alignment.target_gradient(weight, target)
-        metrics = {**alignment.metrics(), "target_confusion_loss": target_confusion}
+        draw = torch.Generator().manual_seed(seed)
+        batch = labeled_batch(data.train, method.batch_size, p.adversarial_steps, step - 1, draw, self.device)
+        pick = torch.Generator().manual_seed(derive_seed(seed, step, "target-batch"))  # the target rows it meets
+        gradient, metrics = alignment.alternate(batch, weight, target, pick)
         if step == p.adversarial_steps:
             del state["alignment"]
-        return self.source_reply(
-            instruction, state, data, {FEATURE_GRAD: gradient.cpu().numpy().astype(np.float32)}, metrics
-        ), state
+        return self.source_reply(instruction, state, data, {FEATURE_GRAD: gradient}, metrics), state
 
     @client_operation
     def align(self, instruction: Instruction, state: Any, data: ClientData) -> tuple[Reply, Any]:
         """Target: one step of G_t along the sources' mean gradient of the confusion loss w.r.t. its features."""
         self.require(data, "align", target=True)
-        net, config = state["net"], instruction.config
+        net, config, count = state["net"], instruction.config, self.params.target_batch
         method = LocalSettings.from_config(config, self.config.method)
         if config["step"] == 1:
             state["align_optimizer"] = make_optimizer(net.encoder, method)  # G_t's, kept through the round's steps
+        gradients, optimizer = instruction.tensors, state["align_optimizer"]
         norm = align_generator(
-            net,
-            data.train.x,
-            instruction.tensors,
-            self.params.target_batch,
-            config["seed"],
-            state["align_optimizer"],
-            method.batch_size,
-            self.device,
+            net, data.train.x, gradients, count, config["seed"], optimizer, method.batch_size, self.device
         )
         if config["step"] == self.params.adversarial_steps:
             del state["align_optimizer"]
@@ -343,50 +248,30 @@ class FADA(Method):
         p, net, parts = self.params, state["net"], state["parts"]
         method = LocalSettings.from_config(instruction.config, self.config.method)
         objective = Disentanglement(
-            net,
-            parts,
-            state["mine"],
-            state["mine_optimizer"],
-            lambda params: make_optimizer(params, method),
-            p.lambda_entropy,
-            p.lambda_mi,
-            p.lambda_recon,
-            p.disentangle_generator,
+            *(net, parts, state["mine"], state["mine_optimizer"], lambda params: make_optimizer(params, method)),
+            *(p.lambda_entropy, p.lambda_mi, p.lambda_recon, p.disentangle_generator),
         )
         generator = torch.Generator().manual_seed(instruction.config["seed"])  # the batches and the MINE pairings
-        with (
-            contextlib.nullcontext() if p.disentangle_generator else preserved_buffers(net)
-        ):  # a trained G_i: its statistics too
+        fixed = contextlib.nullcontext() if p.disentangle_generator else preserved_buffers(net)  # G_i's statistics
+        with fixed:
             for xb, yb in labeled_batches(data.train, method.batch_size, p.disentangle_steps, generator, self.device):
                 objective.step(xb, yb, generator)
         return self.source_reply(instruction, state, data, {}, objective.metrics()), state
 
     @client_operation
     def update(self, instruction: Instruction, state: Any, data: ClientData) -> tuple[Reply, Any]:
-        """Target: dynamic attention over the sources' deltas from clustering gains, then w_t += sum_i a_i Delta_i."""
+        """Target (Sec. 3.1, Eq. 1-2): attention a_i over the sources' deltas from the gains of w_t + Delta_i over
+        w_t (uniform with ``attention`` off), then w_t <- w_t + sum_i a_i Delta_i."""
         self.require(data, "update", target=True)
-        p, net = self.params, state["net"]
-        sources = [int(c) for c in instruction.config["sources"]]
+        p, net, sources = self.params, state["net"], [int(c) for c in instruction.config["sources"]]
         current = model_to_numpy(net)
-        deltas = [{name: np.asarray(instruction.tensors[f"{cid}:{name}"]) for name in current} for cid in sources]
-        metrics: dict[str, float] = {}
-        if p.attention:
-            weights, before, gains = dynamic_attention(
-                lambda w, inputs: self.invariant_features(net, w, inputs),
-                current,
-                deltas,
-                data.train.x,
-                p.gap_samples,
-                p.gap_clusters or self.federation.num_classes,
-                p.gap_references,
-                p.attention_temperature,
-                instruction.config["seed"],
-                p.gap_form,
-            )
-            metrics.update({f"gap_gain:{cid}": gain for cid, gain in zip(sources, gains)}, gap_statistic=before)
-        else:
-            weights = np.full(len(sources), 1.0 / len(sources))
-        metrics.update({f"attention:{cid}": float(w) for cid, w in zip(sources, weights)})
+        deltas = split_deltas(instruction.tensors, sources, list(current))
+        k = p.gap_clusters or self.federation.num_classes
+        gap = (p.gap_samples, k, p.gap_references, p.attention_temperature, p.gap_form) if p.attention else None
+        encode = lambda w, inputs: self.invariant_features(net, w, inputs)  # noqa: E731
+        weights, metrics = weigh_sources(
+            encode, current, deltas, data.train.x, sources, instruction.config["seed"], gap
+        )
         load_numpy(net, apply_deltas(current, deltas, weights))
         return Reply(data.client_id, model_to_numpy(net), metrics, num_examples=len(data.train)), state
 
@@ -400,6 +285,5 @@ class FADA(Method):
     @client_operation
     def evaluate(self, instruction: Instruction, state: Any, data: ClientData) -> tuple[Reply, Any]:
         """Each client evaluates its own model on its labeled test part (target: G_t/C_t)."""
-        return Reply(
-            data.client_id, {}, evaluate_model(state["net"], data.test, self.device), num_examples=len(data.test)
-        ), state
+        reply = Reply(data.client_id, {}, evaluate_model(state["net"], data.test, self.device), len(data.test))
+        return reply, state

@@ -29,7 +29,7 @@ every backend): (sources + 1) x (gap_references + 1) k-means fits per round on t
 from __future__ import annotations
 
 import warnings
-from typing import Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -37,6 +37,7 @@ from fedsim.seeding import numpy_rng
 
 Weights = Mapping[str, np.ndarray]
 GAIN_FORMS = ("dispersion", "share", "tibshirani")
+DELTA = "delta:"  # the prefix of a model delta among a reply's tensors
 
 
 def kmeans_inertia(points: np.ndarray, k: int, seed: int) -> float:
@@ -119,6 +120,26 @@ def apply_deltas(current: Weights, deltas: Sequence[Weights], weights: Sequence[
     return out
 
 
+def delta_tensors(start: Weights, current: Weights) -> dict[str, np.ndarray]:
+    """A source's reply tensors Delta_i = w_i - w_t, each named ``DELTA + <tensor name>``."""
+    return {DELTA + name: value - start[name] for name, value in current.items()}
+
+
+def gather_deltas(replies: Mapping[int, Any]) -> dict[str, np.ndarray]:
+    """The deltas of every reply as one payload, each named ``<client id>:<tensor name>``."""
+    return {
+        f"{cid}:{name[len(DELTA) :]}": t
+        for cid, reply in replies.items()
+        for name, t in reply.tensors.items()
+        if name.startswith(DELTA)
+    }
+
+
+def split_deltas(tensors: Weights, sources: Sequence[int], names: Sequence[str]) -> list[dict[str, np.ndarray]]:
+    """The payload of :func:`gather_deltas` back as one {tensor name: Delta_i} per source, in ``sources``' order."""
+    return [{name: np.asarray(tensors[f"{cid}:{name}"]) for name in names} for cid in sources]
+
+
 def dynamic_attention(
     encode: Callable[[Weights, np.ndarray], np.ndarray],
     current: Weights,
@@ -162,3 +183,26 @@ def dynamic_attention(
         for delta in deltas
     ]
     return softmax(np.asarray(gains), temperature), before, gains
+
+
+def weigh_sources(
+    encode: Callable[[Weights, np.ndarray], np.ndarray],
+    current: Weights,
+    deltas: Sequence[Weights],
+    pool: np.ndarray,
+    sources: Sequence[int],
+    seed: int,
+    gap: tuple[int, int, int, float, str] | None,
+) -> tuple[np.ndarray, dict[str, float]]:
+    """(a_i, metrics) of the sources' ``deltas``: with ``gap`` = (samples, k, references, temperature, form),
+    :func:`dynamic_attention` and the metrics ``gap_gain:<source>`` and ``gap_statistic``; with ``gap`` None, the
+    uniform weights 1/n. Both add ``attention:<source>``."""
+    weights, metrics = np.full(len(sources), 1.0 / len(sources)), {}
+    if gap is not None:
+        samples, k, references, temperature, form = gap
+        weights, before, gains = dynamic_attention(
+            encode, current, deltas, pool, samples, k, references, temperature, seed, form
+        )
+        metrics.update({f"gap_gain:{cid}": gain for cid, gain in zip(sources, gains)}, gap_statistic=before)
+    metrics.update({f"attention:{cid}": float(w) for cid, w in zip(sources, weights)})
+    return weights, metrics

@@ -1,0 +1,59 @@
+"""The parameters of FADA (Peng, Huang, Zhu & Saenko, ICLR 2020), :class:`fedsim.methods.fada.FADA`'s ``Params``.
+
+The switches ``attention``, ``adversarial`` and ``disentangle`` give the paper's models I, II and III (Sec. 4);
+each default names its source, and ``docs/fada.md`` gives the reasons.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fedsim.errors import UserError
+from fedsim.methods.common.attention import GAIN_FORMS
+from fedsim.methods.common.checks import check_params
+
+
+@dataclass(frozen=True)
+class FADAParams:
+    """FADA's settings, each with the source of its default (``docs/fada.md`` gives the reasons)."""
+
+    attention: bool = True  # dynamic attention (the paper's models I-III); off: uniform weights
+    gap_form: str = "share"  # the gain: the paper's dispersion I made scale-free, by a rule on the sources
+    disentangle_generator: bool = True  # Eq. 4-7 train G_i too (the paper); false: G_i fixed in that stage
+    adversarial: bool = True  # the adversarial alignment stage (the paper's models II and III)
+    disentangle: bool = True  # the representation disentanglement stage (the paper's model III)
+    lambda_adv: float = 0.1  # weight of the confusion loss on G_i and G_t, times the schedule: a rule on the sources
+    schedule: str = "dann"  # "dann": lambda_adv * (2 / (1 + exp(-10 p)) - 1) at progress p (Ganin et al.); "constant"
+    target_batch: int = 32  # target features sent per alternation (a cost rule: one source batch's worth)
+    adversarial_steps: int = 10  # D / G_i / G_t alternations per round (not in the paper: a cost rule)
+    disentangle_steps: int = 0  # mini-batches per round of the disentanglement stage (0: one pass)
+    identifier_hidden: int = 256  # units per hidden layer of the domain identifier (2 layers)
+    parts_hidden: int = 128  # hidden units of the class identifier and the MINE statistics network
+    lambda_entropy: float = 1.0  # weight of the class-identifier entropy maximized by D_i (Eq. 5)
+    lambda_mi: float = 0.1  # weight of the MINE estimate minimized by D_i (Eq. 6)
+    lambda_recon: float = 1.0  # weight of the reconstruction L2 (Eq. 7; the paper's weight)
+    mine_rate: float = 0.01  # moving-average rate of the MINE gradient correction (Belghazi et al. 2018, Sec. 3.2)
+    mine_lr: float = 1e-4  # Adam learning rate of the MINE statistics network (kept across rounds)
+    gap_samples: int = 256  # target inputs encoded for the gains
+    gap_references: int = 5  # uniform reference sets B of the gap statistic (``gap_form: tibshirani``)
+    gap_clusters: int = 0  # k of k-means (0: the number of classes)
+    attention_temperature: float = 1.0  # softmax temperature over the gains (the paper's softmax: 1)
+
+    def __post_init__(self):
+        positive = ("identifier_hidden", "parts_hidden", "gap_references", "attention_temperature", "mine_lr")
+        check_params(
+            self,
+            at_least_two=("target_batch", "gap_samples"),
+            positive=(*positive, "adversarial_steps"),
+            non_negative=(
+                "lambda_adv",
+                "lambda_entropy",
+                "lambda_mi",
+                "lambda_recon",
+                "disentangle_steps",
+                "gap_clusters",
+            ),
+            choices={"gap_form": GAIN_FORMS, "schedule": ("dann", "constant")},
+        )
+        if not 0 < self.mine_rate <= 1:
+            raise UserError(f"method.mine_rate must be in (0, 1], got {self.mine_rate}")
