@@ -99,3 +99,42 @@ def check_labels(path: Path, key: str, y: np.ndarray) -> np.ndarray:
         bad = yf[~np.isfinite(yf) | (yf != np.round(yf)) | (yf < 0)][0]
         raise UserError(f"{path}: {key!r} holds label {bad!r}: labels must be non-negative integers")
     return yf.astype(np.int64)
+
+
+def pick_pair(
+    path: Path, arrays: dict, keys: Iterable[tuple[str, str]], expected: str
+) -> tuple[np.ndarray, np.ndarray]:
+    """The first (features, labels) pair of ``keys`` that ``arrays`` holds, as (N x D float32, N int64); a
+    features x samples matrix is turned around."""
+    for xk, yk in keys:
+        if xk in arrays and yk in arrays:
+            x = check_features(path, xk, arrays[xk])
+            y = check_labels(path, yk, arrays[yk])
+            if x.shape[0] != len(y) and x.shape[1] == len(y):  # stored features x samples
+                x = np.ascontiguousarray(x.T)
+            if x.shape[0] != len(y):
+                raise UserError(f"{path}: {xk!r} has {x.shape[0]} rows but {yk!r} has {len(y)} labels: they must match")
+            return x, y
+    found = ", ".join(sorted(arrays)) or "none"
+    raise UserError(f"{path} lacks the expected variables (found: {found}): expected {expected}")
+
+
+def read_csv_rows(path: Path) -> tuple[np.ndarray, np.ndarray]:
+    """Rows of features followed by the label; an optional header line is skipped."""
+    try:
+        with open(path, "r", encoding="utf-8") as fh:
+            first = fh.readline()
+        try:
+            [float(v) for v in first.strip().split(",") if v.strip()]
+            skip = 0
+        except ValueError:
+            skip = 1
+        data = np.loadtxt(path, delimiter=",", skiprows=skip, ndmin=2, dtype=np.float64)
+    except Exception as exc:
+        raise UserError(
+            f"cannot read {path} as CSV ({first_line(exc)}): expected one row per sample, the features then the "
+            "label, comma-separated"
+        ) from None
+    if data.shape[1] < 2 or data.shape[0] < 1:
+        raise UserError(f"{path} has shape {data.shape}: expected one row per sample, the features then the label")
+    return check_features(path, "features", data[:, :-1]), check_labels(path, "last column (labels)", data[:, -1])
