@@ -16,8 +16,8 @@ from fedsim.errors import UserError
 from fedsim.losses import DANNLoss, MMDLoss
 from fedsim.methods.common.aggregation import weighted_average
 from fedsim.methods.common.alignment import TARGET_FEATURES, AlignmentObjective, encode_subset, steps_per_epoch
-from fedsim.methods.families.alignment import FeatureAlignment
 from fedsim.methods.common.training import train_epochs
+from fedsim.methods.families.alignment import FeatureAlignment
 from fedsim.methods.feddann import FedDANN
 from fedsim.methods.fedmmd import FedMMD
 from fedsim.models import build_model
@@ -137,9 +137,13 @@ def test_sources_get_one_shared_payload_with_the_target_features(toy_overrides):
         assert {"train_loss", "domain_loss"} <= set(reply.metrics)
     assert metrics["target_features"] == len(sent)
     assert set(metrics["domain_loss"]) == {str(c) for c in federation.source_ids}
-    # each stage's seeds are the round's seeds of its own operation; the server averages like FedAvg
+    # each stage's seeds are the round's seeds of its own operation; the fit instructions also carry the round's
+    # local-update settings (epochs, batch size, SGD's rate, momentum, weight decay); the server averages like FedAvg
+    settings = {"features": {}, "fit": method.client_settings(1)}
+    assert set(settings["fit"]) == {"local_epochs", "batch_size", "lr", "momentum", "weight_decay"}
     for cid, ins in {**feature_instructions, **fit_instructions}.items():
-        assert ins.config == {"seed": derive_seed(config.run.seed, 1, cid, ins.operation), "round": 1}
+        seed = derive_seed(config.run.seed, 1, cid, ins.operation)
+        assert ins.config == {"seed": seed, "round": 1, **settings[ins.operation]}
     expected = weighted_average(
         [r.tensors for r in fit_replies.values()], [r.num_examples for r in fit_replies.values()]
     )
@@ -247,7 +251,8 @@ def test_feddann_local_and_ray_agree(toy_overrides, ray_cluster, tmp_path):
 
 
 def test_the_schedule_follows_ganins_ramp_and_annealing(toy_overrides):
-    """lambda_p = 2/(1+exp(-10p)) - 1 and mu_p = mu_0/(1+10p)^0.75 at every local step (Ganin et al. 2016, Sec. 5.2.2)."""
+    """lambda_p = 2/(1+exp(-10p)) - 1 and mu_p = mu_0/(1+10p)^0.75 at every local step (Ganin et al. 2016,
+    Sec. 5.2.2)."""
     _, _, _, method = setup(toy_overrides, "feddann", "run.rounds=4")
     schedule = method.step_schedule(rnd=3, steps=10)
     for step in (1, 5, 10):
