@@ -1,21 +1,26 @@
-"""Amazon Review sentiment (Blitzer et al., ACL 2007) as the 5,000-feature bag of words of Chen et al. (ICML 2012).
+"""Amazon Review sentiment (Blitzer et al., ACL 2007) as released by Chen et al. (mSDA, ICML 2012).
 
 Four domains, ``books``, ``dvd``, ``electronics``, ``kitchen``, two classes
 (0 negative, 1 positive). Put the files of one layout in one folder and pass
-it with ``--set data.root=DIR`` (names are matched case-insensitively):
+it with ``--set data.root=DIR`` (names are matched case-insensitively; the first
+layout found complete is read, in this order):
 
-* ``amazon.mat``, the single file of the mSDA release (Chen et al. 2012): ``xx``
-  the bag-of-words counts, features x documents (5,000 x N, sparse or dense; a
+* ``amazon.mat``, the single file of the mSDA release: ``xx`` the 5,000-word
+  bag-of-words counts, features x documents (5,000 x N, sparse or dense; a
   documents x features matrix is accepted too), ``yy`` the N labels (-1/1, 0/1 or
   1/2) and ``offset`` the index of each domain's first document, in the order
   books, dvd, electronics, kitchen (4 entries, or 5 with the end; 0- or 1-based).
+* ``books_400.mat``, ``dvd_400.mat``, ``elec_400.mat``, ``kitchen_400.mat``: the
+  400-feature release (the 400 most frequent words, as term frequencies; as shipped by
+  skada-bench), ``fts`` (N x 400) and ``labels`` (N x 1, 0/1); 2,000, 1,999, 1,998 and
+  1,999 reviews. ``electronics_400.mat`` is read too.
 * ``books.npz``, ``dvd.npz``, ``electronics.npz``, ``kitchen.npz``: arrays ``x``
   (N x D counts) and ``y`` (N labels, as above), one file per domain.
 
-``data.variant``: ``default`` (the counts as released), ``binary`` (word present
-or not) or ``log1p`` (log(1 + count)). Each domain is split 80/20 stratified by
+``data.variant``: ``default`` (the features as released), ``binary`` (word present
+or not) or ``log1p`` (log(1 + value)). Each domain is split 80/20 stratified by
 label from ``data.seed`` (then ``data.max_train_per_domain``), as Office-Caltech10
-is. The whole release is about 28,000 documents: a domain takes ~30 MB sparse on
+is. The mSDA release is about 28,000 documents: a domain takes ~30 MB sparse on
 disk and up to ~150 MB as dense float32 in each process that hosts one of its clients.
 """
 
@@ -40,8 +45,24 @@ DOMAINS: tuple[str, ...] = ("books", "dvd", "electronics", "kitchen")
 NUM_CLASSES = 2
 MAT_FILE = "amazon.mat"
 VARIANTS = ("default", "binary", "log1p")
+#: per-domain layouts: (name, file names per domain, (features, labels) keys, what they hold)
+PER_DOMAIN = (
+    (
+        "400",
+        {
+            "books": ("books_400.mat",),
+            "dvd": ("dvd_400.mat",),
+            "electronics": ("elec_400.mat", "electronics_400.mat"),
+            "kitchen": ("kitchen_400.mat",),
+        },
+        ("fts", "labels"),
+        "fts (N x 400), labels (N, 0/1)",
+    ),
+    ("npz", {d: (f"{d}.npz",) for d in DOMAINS}, ("x", "y"), "arrays x (N x D word counts), y (N labels -1/1 or 0/1)"),
+)
 _WHAT = (
-    "amazon.mat (xx, yy, offset: the mSDA release) or books.npz, dvd.npz, electronics.npz, kitchen.npz (arrays x, y)"
+    "amazon.mat (xx, yy, offset: the mSDA release), or books_400.mat, dvd_400.mat, elec_400.mat, kitchen_400.mat "
+    "(fts, labels: the 400-d release), or books.npz, dvd.npz, electronics.npz, kitchen.npz (arrays x, y)"
 )
 
 
@@ -101,24 +122,72 @@ def _offsets(path: Path, offset, n: int) -> list[tuple[int, int]]:
     return [(int(b), int(e)) for b, e in zip(bounds[:-1], bounds[1:])]
 
 
-def _read_npz(path: Path) -> tuple[np.ndarray, np.ndarray]:
-    expected = "arrays x (N x D word counts) and y (N labels -1/1 or 0/1)"
-    arrays, found = read_npz(path, expected, keys=("x", "y"))
-    if set(arrays) != {"x", "y"}:
-        raise UserError(f"{path} lacks the expected arrays (found: {', '.join(found) or 'none'}): expected {expected}")
-    x = check_features(path, "x", arrays["x"])
-    y = binary_labels(path, "y", arrays["y"])
+def read_domain_file(path: Path, keys: tuple[str, str], expected: str) -> tuple[np.ndarray, np.ndarray]:
+    """(documents x features float32, labels 0/1) of one per-domain file (.mat or .npz)."""
+    xk, yk = keys
+    if path.suffix.lower() == ".npz":
+        arrays, found = read_npz(path, expected, keys=keys)
+        found = sorted(found)
+    else:
+        arrays = read_mat(path, expected)
+        found = sorted(arrays)
+    if xk not in arrays or yk not in arrays:
+        raise UserError(
+            f"{path} lacks the expected variables (found: {', '.join(found) or 'none'}): expected {expected}"
+        )
+    x = check_features(path, xk, arrays[xk])
+    y = binary_labels(path, yk, arrays[yk])
     if len(x) != len(y):
-        raise UserError(f"{path}: x has {len(x)} rows but y has {len(y)} labels: they must match")
+        raise UserError(f"{path}: {xk} has {len(x)} rows but {yk} has {len(y)} labels: they must match")
     return x, y
+
+
+def read_msda(path: Path) -> dict[str, tuple[object, np.ndarray, Path]]:
+    """The mSDA release's single amazon.mat, cut into its four domains by ``offset``."""
+    expected = "variables xx (5000 x N word counts), yy (N labels) and offset (first document of each domain)"
+    variables = read_mat(path, expected)
+    missing = [k for k in ("xx", "yy", "offset") if k not in variables]
+    if missing:
+        raise UserError(
+            f"{path} lacks {', '.join(missing)} (found: {', '.join(sorted(variables)) or 'none'}): expected {expected}"
+        )
+    y = binary_labels(path, "yy", variables["yy"])
+    matrix = _as_documents(path, variables["xx"], len(y))
+    return {
+        domain: (matrix[start:end], y[start:end], path)
+        for domain, (start, end) in zip(DOMAINS, _offsets(path, variables["offset"], len(y)))
+    }
+
+
+def read_per_domain(root: Path, present: dict[str, Path]) -> dict[str, tuple[object, np.ndarray, Path]]:
+    """The first per-domain layout with a file for every domain (one line naming the missing files otherwise)."""
+    found = []
+    for name, names, keys, what in PER_DOMAIN:
+        files = {d: next((present[n] for n in names[d] if n in present), None) for d in DOMAINS}
+        found.append((sum(p is not None for p in files.values()), name, files, keys, what))
+        if all(files.values()):
+            break
+    count, name, files, keys, what = max(found, key=lambda f: f[0])  # max() keeps the first of equals
+    if count < len(DOMAINS):
+        layout = dict((n, names) for n, names, _, _ in PER_DOMAIN)[name]
+        missing = ", ".join(layout[d][0] for d in DOMAINS if files[d] is None)
+        raise UserError(f"amazon_review: no {MAT_FILE} and no {missing} in {str(root)!r}: put {_WHAT} there")
+    documents = {d: (*read_domain_file(p, keys, what), p) for d, p in files.items()}
+    dims = {d: x.shape[1] for d, (x, _, _) in documents.items()}
+    if len(set(dims.values())) > 1:
+        listing = ", ".join(f"{documents[d][2].name}: {n}" for d, n in dims.items())
+        raise UserError(
+            f"amazon_review: the domain files have different vocabularies ({listing}): use one bag-of-words release"
+        )
+    return documents
 
 
 @BENCHMARKS.register("amazon_review")
 class AmazonReviewBenchmark(Benchmark):
-    """Amazon Review sentiment, 5,000-word bag of words from your files (--set data.root=DIR): books, dvd,
-    electronics, kitchen
+    """Amazon Review sentiment from your files (--set data.root=DIR): books, dvd, electronics, kitchen
 
-    ``amazon.mat`` of the mSDA release (xx, yy, offset) or ``<domain>.npz`` (x, y);
+    ``amazon.mat`` of the mSDA release (xx, yy, offset), the 400-d ``<domain>_400.mat`` (fts, labels) or
+    ``<domain>.npz`` (x, y);
     ``data.variant`` = default (counts) | binary | log1p.
     """
 
@@ -138,38 +207,7 @@ class AmazonReviewBenchmark(Benchmark):
             return self._documents
         root = root_folder(self.config, "amazon_review", _WHAT)
         present = {p.name.lower(): p for p in root.iterdir() if p.is_file()}
-        documents: dict[str, tuple[object, np.ndarray, Path]] = {}
-        if MAT_FILE in present:
-            path = present[MAT_FILE]
-            expected = "variables xx (5000 x N word counts), yy (N labels) and offset (first document of each domain)"
-            variables = read_mat(path, expected)
-            missing = [k for k in ("xx", "yy", "offset") if k not in variables]
-            if missing:
-                raise UserError(
-                    f"{path} lacks {', '.join(missing)} (found: {', '.join(sorted(variables)) or 'none'}): expected "
-                    f"{expected}"
-                )
-            y = binary_labels(path, "yy", variables["yy"])
-            matrix = _as_documents(path, variables["xx"], len(y))
-            for domain, (start, end) in zip(DOMAINS, _offsets(path, variables["offset"], len(y))):
-                documents[domain] = (matrix[start:end], y[start:end], path)
-        else:
-            files = {d: present.get(f"{d}.npz") for d in DOMAINS}
-            missing = [f"{d}.npz" for d, p in files.items() if p is None]
-            if missing:
-                raise UserError(
-                    f"amazon_review: no {MAT_FILE} and no {', '.join(missing)} in {str(root)!r}: put {_WHAT} there"
-                )
-            for domain, path in files.items():
-                x, y = _read_npz(path)
-                documents[domain] = (x, y, path)
-            dims = {d: x.shape[1] for d, (x, _, _) in documents.items()}
-            if len(set(dims.values())) > 1:
-                listing = ", ".join(f"{d}.npz: {n}" for d, n in dims.items())
-                raise UserError(
-                    f"amazon_review: the domain files have different vocabularies ({listing}): use one bag-of-words "
-                    "release"
-                )
+        documents = read_msda(present[MAT_FILE]) if MAT_FILE in present else read_per_domain(root, present)
         for domain, (x, y, path) in documents.items():
             if len(y) < 2:
                 raise UserError(
