@@ -132,9 +132,8 @@ def read_domain_file(path: Path, keys: tuple[str, str], expected: str) -> tuple[
         arrays = read_mat(path, expected)
         found = sorted(arrays)
     if xk not in arrays or yk not in arrays:
-        raise UserError(
-            f"{path} lacks the expected variables (found: {', '.join(found) or 'none'}): expected {expected}"
-        )
+        kind = "arrays" if path.suffix.lower() == ".npz" else "variables"
+        raise UserError(f"{path} lacks the expected {kind} (found: {', '.join(found) or 'none'}): expected {expected}")
     x = check_features(path, xk, arrays[xk])
     y = binary_labels(path, yk, arrays[yk])
     if len(x) != len(y):
