@@ -116,9 +116,8 @@ class AdversarialAlignment:
     :meth:`step` gets the target features of that step (FADA sends fresh ones for every alternation), of
     which the batch draws as many as it has rows (``generator``). G_i's step keeps the classification loss
     of the same batch: cross-entropy + weight * confusion (Alg. 1 trains G_i and C_i by cross-entropy
-    through training; pure confusion steps erased the classifier: on digits, source accuracy fell to
-    chance). :meth:`target_gradient` is d(weight * confusion)/d(target features): the direction G_t
-    follows. The optimizers live as long as the object (one round). Puts ``net`` and ``identifier`` in
+    throughout; ``docs/fada.md``). :meth:`target_gradient` is d(weight * confusion)/d(target features): the
+    direction G_t follows. The optimizers live as long as the object (one round). Puts ``net`` and ``identifier`` in
     training mode.
     """
 
@@ -192,16 +191,16 @@ class Disentanglement:
 
     With ``train_generator`` (the paper: the disentangler is trained end to end with G_i), Eq. 4 and
     Eq. 6-7 also update G_i: its features are recomputed for each update, so each backward pass goes
-    through G_i once; without it, G_i is fixed (features under ``no_grad``; the earlier variant).
+    through G_i once; without it, G_i is fixed (features under ``no_grad``).
 
     ``net`` has the invariant branch D_inv and the classifier C; ``parts`` the specific branch D_spec,
     the class identifier CI, the reconstructor R and the MINE statistics network T
     (:class:`fedsim.models.fada_parts.SourceParts`). One optimizer per update, from ``make_optimizer``
     (a list of parameters -> optimizer): ``classify`` (D_inv, C, D_spec, CI; + G_i), ``entropy`` (D_spec),
-    ``disentangle`` (D_inv, D_spec, R; + G_i); T has its own ``statistics_optimizer`` (Adam, kept across rounds:
-    SGD at the task's rate made T diverge). D_i minimizes the positive part of the MI estimate: mutual
-    information is never negative, and a D_i that pushes a fixed T's bound below zero only exploits T
-    (on digits the estimate ran to -9, then the weights to NaN). Puts ``net`` and ``parts`` in training mode.
+    ``disentangle`` (D_inv, D_spec, R; + G_i); T has its own ``statistics_optimizer`` (Adam, kept across
+    rounds; ``docs/fada.md``). D_i minimizes the positive part of the MI estimate: mutual information is never
+    negative, and a D_i that pushes a fixed T's bound below zero only exploits T. Puts ``net`` and ``parts`` in
+    training mode.
     """
 
     METRICS = ("mine_estimate", "class_identifier_accuracy", "class_identifier_entropy", "reconstruction_loss")

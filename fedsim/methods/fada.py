@@ -19,8 +19,9 @@ stages of Alg. 1 in its order, each one ``ctx.call``; the switches ``attention``
    :mod:`fedsim.methods.common.attention`); w_t <- w_t + sum_i a_i Delta_i goes to the server.
 
 Each client evaluates its own model; ``target_accuracy`` is G_t/C_t's. The target never reads
-``train.y``; its batch-norm statistics change only through the sources' deltas. Losses:
-:mod:`fedsim.losses.fada`; networks: :mod:`fedsim.models.fada_parts`; deviations: ``docs/fada.md``.
+``train.y``; its batch-norm statistics change only through the sources' deltas. Parameters and their defaults'
+sources: :mod:`fedsim.methods.families.fada_params`; losses: :mod:`fedsim.losses.fada`; networks:
+:mod:`fedsim.models.fada_parts`; deviations: ``docs/fada.md``.
 """
 
 from __future__ import annotations

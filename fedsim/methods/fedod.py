@@ -20,10 +20,10 @@ The server holds a large labeled set (hosted on the *server host*, see
    are averaged over the N teachers, as the paper's multi-teacher loss is (two identical
    teachers distil exactly as one). The teachers run in eval mode on the same (flipped)
    batch. The student is the new w_g, sent to every client next round.
-   T and the lambdas: FedOD's own values could not be read (abstract only). CWD's detection
+   T and the lambdas: FedOD's values are not in its reachable sources; CWD's detection
    code uses T = 1 and weight 5 per FPN level. The defaults here (T = 4, lambda_feat = 0.1
-   over the summed levels) are a deviation; docs/fedod.md gives its measured reason (loss
-   balance on the server's data).
+   over the summed levels) are a deviation, a rule on the loss balance on the server's
+   data (docs/fedod.md).
 3. After the last distillation (round R) each client fine-tunes the final w_g^R once more
    (``fit`` with slot ``final``: client_iters steps, its bytes counted like any
    exchange) into w_i^(R+1), and ensembles w_g^R and w_i^(R+1) by weighted boxes fusion
@@ -84,21 +84,19 @@ class FedOD(DetectionMethod):
     @dataclass(frozen=True)
     class Params(DetectionParams):
         mode: str = "fedod"  # fedod, baseline1 (w_b alone), baseline2 (w_b ensembled with client fine-tunes of it)
-        distill_iters: int = 100  # student steps on the server's data per round
-        temperature: float = (
-            4.0  # T of the channel-wise distillation (CWD's segmentation T; its detection code: 1; see docs/fedod.md)
-        )
+        distill_iters: int = 100  # student steps on the server's data per round (a cost rule)
+        # T of the channel-wise distillation: CWD's segmentation T, a deviation (its detection code: 1; docs/fedod.md)
+        temperature: float = 4.0
         lambda_det: float = 1.0  # detection loss on the server's labels
-        # CWD summed over the pyramid levels (CWD's detection code: 5 per level, 11x L_det here; see docs/fedod.md)
+        # CWD summed over the pyramid levels: a rule on the server's data (CWD's detection code: 5 per level)
         lambda_feat: float = 0.1
         lambda_cls: float = 1.0  # CWD on the classification maps
         lambda_reg: float = 1.0  # L2 on the regression maps
         fusion_weights: tuple[float, ...] = (1.0, 1.0)  # (global, personal) model weights of the ensemble
-        fusion_iou: float = 0.55  # IoU at which boxes are fused / suppressed
-        skip_box_thr: float = 0.0  # boxes below this score are ignored by the fusion
-        fusion_conf: str = (
-            "avg"  # WBF's fused score: avg, max, box_and_model_avg, absent_model_aware_avg (ensemble-boxes conf_type)
-        )
+        fusion_iou: float = 0.55  # IoU at which boxes are fused / suppressed (ensemble-boxes' default)
+        skip_box_thr: float = 0.0  # boxes below this score are ignored by the fusion (ensemble-boxes' default)
+        # WBF's fused score: avg (ensemble-boxes' default), max, box_and_model_avg, absent_model_aware_avg
+        fusion_conf: str = "avg"
         variant_confs: tuple[str, ...] = ()  # more WBF fused scores scored in the last round (ens_wbf_<conf>)
         variant_weights: tuple[float, ...] = ()  # more (global, personal) weight pairs, flat (ens_<fusion>_w<g>_<p>)
 

@@ -12,9 +12,8 @@ updates, as Alg. 1 weighs their gradients). Three forms of the gain (``form``):
 * ``dispersion``: the within-cluster dispersion I = sum_r D_r / (2 n_r) of k-means on the target
   features (Sec. 3.1; D_r the sum of pairwise squared distances in cluster r, so I is the k-means
   inertia), gain_i = (I(w_t) - I(w_t + Delta_i)) / I(w_t), the relative drop. Free of the scale of w_t's
-  features but not of a delta's: features scaled by c give gain 1 - c^2, so a delta that trains the
-  features (and enlarges them) loses by orders of magnitude (measured on digits: gains -197, -108 and
-  -10 in round 1, attention 1.00 on the source that had learned least, at chance itself; docs/fada.md).
+  features but not of a delta's: features scaled by c give gain 1 - c^2, so a delta that enlarges the
+  features loses whatever their clustering (``docs/fada.md``).
 * ``tibshirani``: Gap(w_t + Delta_i) - Gap(w_t), Gap the gap statistic (Tibshirani, Walther & Hastie,
   J. R. Statist. Soc. B 2001), log-scaled and normalized by uniform reference sets (below).
 
@@ -84,10 +83,7 @@ def gap_statistic(features: np.ndarray, k: int, uniform: np.ndarray, seed: int) 
     principal components of the centered features (X = U D V^T, ranges of X V,
     back-transformed by V^T). ``uniform`` holds B draws U[0, 1) of shape
     (B, n, d), scaled here to that box. Larger = the features cluster better
-    than uniform noise over the same box. Method (b) rather than the
-    axis-aligned box (a): on digits, (a) gave the sparse, partly collapsed
-    ReLU features of an untrained source the largest gain by far (attention
-    0.75 on a source at chance accuracy), (b) much less.
+    than uniform noise over the same box.
     """
     from threadpoolctl import threadpool_limits
 
@@ -96,7 +92,7 @@ def gap_statistic(features: np.ndarray, k: int, uniform: np.ndarray, seed: int) 
         raise ValueError(
             f"gap_statistic needs n x d features and B x n x d draws, got {points.shape} and {uniform.shape}"
         )
-    with threadpool_limits(1):  # one thread: the same sums on every backend (entering it costs ~0.1 s: once per gap)
+    with threadpool_limits(1):  # one thread: the same sums on every backend
         centered = points - points.mean(0)
         _, _, vt = np.linalg.svd(centered, full_matrices=False)
         rotated = centered @ vt.T

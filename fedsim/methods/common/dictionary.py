@@ -252,8 +252,7 @@ def predict_reconstruction(atoms_x, atoms_logits, alpha, x_test, p: DictionaryPa
 def predict_ensemble(atoms_x, atoms_logits, alpha, x_test, p: DictionaryParams, seed: int) -> torch.Tensor:
     """DaDiL-E: per-atom classifiers, their class probabilities weighted by alpha.
 
-    Each h_k is applied off its own atom's cloud: it needs atoms near the domain. Atoms far from every domain
-    (TEP under shared standardization) make it fail where DaDiL-R does not (docs/feddadil.md, "DaDiL-E")."""
+    Each h_k is applied off its own atom's cloud: it needs atoms near the domain (docs/feddadil.md, "DaDiL-E")."""
     probabilities = 0.0
     for k in range(atoms_x.shape[0]):
         with torch.enable_grad():
