@@ -182,3 +182,15 @@ def test_office_caltech10_images(tmp_path):
         d = b.load(domain)
         assert len(d.train_y) + len(d.test_y) == n and d.input_shape == (3, 8, 8)
         assert set(np.unique(np.concatenate([d.train_y, d.test_y]))) == set(range(10))
+
+
+@pytest.mark.skipif(not OFFICE_CALTECH.is_dir(), reason=f"Office-Caltech10 images not found at {OFFICE_CALTECH}")
+def test_fedsim_run_on_office_caltech10_images(tmp_path):
+    out = tmp_path / "run"
+    flags = [f"data.root={OFFICE_CALTECH}", f"data.cache_dir={tmp_path / 'cache'}", "model.name=cnn"]
+    flags += ["data.image_size=16", "data.max_train_per_domain=60", "run.tensorboard=false"]
+    argv = ["run", "-q", "--backend", "local", "--benchmark", "images", "--target", "webcam", "--sources", "dslr"]
+    assert main(argv + ["--rounds", "1", "--out", str(out)] + [a for f in flags for a in ("--set", f)]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert (summary["benchmark"], summary["target"], list(summary["source_accuracy"])) == ("images", "webcam", ["dslr"])
+    assert 0.0 <= summary["target_accuracy"] <= 1.0

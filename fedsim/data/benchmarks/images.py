@@ -61,15 +61,21 @@ LAYOUT = "DIR/<domain>/<class>/<image>.jpg|jpeg|png (one folder per domain, one 
 Tree = dict[str, dict[str, list[Path]]]  # domain -> class -> image files
 
 
+def entries(folder: Path) -> list[Path]:
+    """What ``folder`` holds, hidden names left out; an unreadable folder is one line naming it."""
+    try:
+        return sorted(p for p in folder.iterdir() if not p.name.startswith("."))
+    except OSError as exc:
+        raise UserError(f"images: cannot list the folder {str(folder)!r} ({first_line(exc)})") from None
+
+
 def image_files(folder: Path) -> list[Path]:
-    """The image files directly in ``folder`` (by extension, case-insensitive; hidden files skipped), sorted."""
-    return sorted(
-        p for p in folder.iterdir() if p.suffix.lower() in EXTENSIONS and not p.name.startswith(".") and p.is_file()
-    )
+    """The image files directly in ``folder`` (by extension, case-insensitive), sorted."""
+    return [p for p in entries(folder) if p.suffix.lower() in EXTENSIONS and p.is_file()]
 
 
 def subfolders(folder: Path) -> list[Path]:
-    return sorted(p for p in folder.iterdir() if p.is_dir() and not p.name.startswith("."))
+    return [p for p in entries(folder) if p.is_dir()]
 
 
 def scan(root: Path) -> Tree:
