@@ -1,4 +1,4 @@
-"""Federated/per-domain standardization, and the Office-Caltech10 and CWRU file loaders on tiny files."""
+"""Federated/per-domain standardization, and the Office-Caltech10 file loader on tiny files (CWRU: test_cwru.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,6 @@ import scipy.io
 
 from fedsim.config import DataConfig
 from fedsim.data import normalization as norm
-from fedsim.data.benchmarks.cwru import CWRUBenchmark, window_starts
 from fedsim.data.benchmarks.office_caltech import DOMAINS as OC_DOMAINS
 from fedsim.data.benchmarks.office_caltech import OfficeCaltechBenchmark
 from fedsim.errors import UserError
@@ -156,9 +155,13 @@ def test_office_caltech_bad_files_name_the_file(tmp_path, case):
     elif case == "nan":
         scipy.io.savemat(str(bad), {"feas": np.where(feas > 5, np.nan, feas), "labels": labels})
     with pytest.raises(UserError) as info:
-        OfficeCaltechBenchmark(DataConfig(benchmark="office_caltech", root=str(tmp_path))).load("amazon")
+        OfficeCaltechBenchmark(DataConfig(benchmark="office_caltech", root=str(tmp_path), target="webcam")).load(
+            "amazon"
+        )
     message = str(info.value)
     assert "webcam_decaf.mat" in message and "\n" not in message
+    if case == "missing":  # how to fix it: the file to add, or the domains that have files
+        assert "webcam.mat" in message and "files found for amazon, caltech, dslr" in message
     if case == "no_key":
         assert "feas" in message and "features" in message  # what was expected and what was found
 
@@ -181,101 +184,56 @@ def test_office_caltech_settings_errors(tmp_path):
         OfficeCaltechBenchmark(DataConfig(benchmark="office_caltech", root=str(tmp_path))).load("amazom")
 
 
-# ----------------------------------------------------------------------------- cwru
-
-RATE = 12000.0
-FREQS = {"normal": 600.0, "inner_007": 1500.0, "outer_007": 3000.0}
-
-
-def _signal(cls: str, load: int, n: int = 5000) -> np.ndarray:
-    t = np.arange(n) / RATE
-    rng = np.random.default_rng(load)
-    return (np.sin(2 * np.pi * FREQS[cls] * t) + 0.05 * rng.normal(size=n)).reshape(-1, 1)
+def _write_fts(folder, domains, dim, n=20, plain=True):
+    """Gautheron's release: <domain>.mat (caltech10.mat for Caltech) with fts N x dim and labels 1 x N."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for d in domains:
+        feas, labels = _oc_data(d, n=n, dim=dim)
+        name = ("caltech10" if d == "caltech" else d) + (".mat" if plain else "_SURF_L10.mat")
+        scipy.io.savemat(str(folder / name), {"fts": feas.astype(np.float32), "labels": labels.reshape(1, -1)})
 
 
-def _write_cwru(root, loads=("1hp", "2hp", "3hp")):
-    number = 98
-    for load in loads:
-        (root / load).mkdir(exist_ok=True)
-        for cls in FREQS:
-            scipy.io.savemat(
-                str(root / load / f"{cls}.mat"),
-                {
-                    f"X{number:03d}_DE_time": _signal(cls, int(load[0])),
-                    f"X{number:03d}_FE_time": _signal(cls, 9),
-                    f"X{number:03d}RPM": np.array([[1772]]),
-                },
-            )
-            number += 1
+def test_office_caltech_gautheron_forms_by_dimension_and_sub_folder(tmp_path):
+    features = tmp_path / "features"
+    _write_fts(features / "GoogleNet1024", ("amazon", "dslr", "webcam"), 1024)
+    _write_fts(features / "CaffeNet4096", OC_DOMAINS, 4096)
+    _write_fts(features / "surf", OC_DOMAINS, 800)
+
+    def bench(**kwargs):
+        return OfficeCaltechBenchmark(DataConfig(benchmark="office_caltech", root=str(features), **kwargs))
+
+    google = bench(variant="googlenet1024")
+    assert google.domains() == ["amazon", "dslr", "webcam"]  # no Caltech file: three domains
+    dom = google.load("webcam")
+    assert dom.input_shape == (1024,) and len(dom.train_y) + len(dom.test_y) == 20 and dom.train_y.max() == 9
+    assert bench(variant="caffenet4096").load("caltech").input_shape == (4096,)
+    assert bench(variant="surf").load("caltech").input_shape == (800,)
+    auto = bench()  # the most domains, ties in the documented order: CaffeNet-4096 before SURF
+    assert auto.domains() == list(OC_DOMAINS) and auto.load("dslr").input_shape == (4096,)
+    with pytest.raises(UserError, match="no googlenet1024 file for caltech") as info:
+        bench(variant="googlenet1024", target="caltech").domains()
+    assert "caltech.mat or caltech10.mat" in str(info.value) and "amazon, dslr, webcam" in str(info.value)
+    with pytest.raises(UserError, match="holds googlenet1024 features .--set data.variant=googlenet1024"):
+        OfficeCaltechBenchmark(
+            DataConfig(benchmark="office_caltech", root=str(features / "GoogleNet1024"), variant="caffenet4096")
+        ).domains()
 
 
-def test_cwru_windows_and_fft_features(tmp_path):
-    _write_cwru(tmp_path)
-    bench = CWRUBenchmark(DataConfig(benchmark="cwru", root=str(tmp_path)))
-    assert bench.domains() == ["1hp", "2hp", "3hp"]
-    assert bench.classes == ("normal", "inner_007", "outer_007")  # the fixed class order, present ones only
-    dom = bench.load("2hp")
-    assert dom.num_classes == 3 and dom.input_shape == (512,)
-    assert len(dom.train_y) + len(dom.test_y) == 3 * (5000 // 1024)  # non-overlapping windows
-    x = np.concatenate([dom.train_x, dom.test_x])
-    y = np.concatenate([dom.train_y, dom.test_y])
-    for label, freq in enumerate(FREQS.values()):  # the spectrum peaks at the class's frequency
-        assert np.all(np.abs(np.argmax(x[y == label], axis=1) - freq / RATE * 1024) <= 1)
-    raw = CWRUBenchmark(FileConfig(benchmark="cwru", root=str(tmp_path), variant="raw", samples_per_class=10)).load(
-        "1hp"
-    )
-    assert raw.input_shape == (1024,) and len(raw.train_y) + len(raw.test_y) == 30  # overlapping, evenly spread
-    np.testing.assert_array_equal(window_starts(5000, 1024, 3), [0, 1988, 3976])
-
-
-def test_cwru_several_signals_need_the_number(tmp_path):
-    _write_cwru(tmp_path, loads=("1hp", "2hp"))
-    both = {"X098_DE_time": _signal("normal", 1), "X099_DE_time": _signal("normal", 2, n=3000)}
-    scipy.io.savemat(str(tmp_path / "2hp" / "normal.mat"), both)
-    with pytest.raises(UserError, match="normal_<number>|<class>_<number>"):
-        CWRUBenchmark(DataConfig(benchmark="cwru", root=str(tmp_path))).load("2hp")
-    (tmp_path / "2hp" / "normal.mat").rename(tmp_path / "2hp" / "normal_99.mat")
-    dom = CWRUBenchmark(DataConfig(benchmark="cwru", root=str(tmp_path))).load("2hp")
-    assert np.bincount(np.concatenate([dom.train_y, dom.test_y]))[0] == 3000 // 1024  # X099 was used
-
-
-@pytest.mark.parametrize("case", ["missing_class", "bad_name", "no_de", "short", "corrupt", "wrong_number"])
-def test_cwru_bad_files_name_the_file(tmp_path, case):
-    _write_cwru(tmp_path)
-    target = tmp_path / "3hp" / "outer_007.mat"
-    if case == "missing_class":
-        target.unlink()
-    elif case == "bad_name":
-        target.rename(tmp_path / "3hp" / "outer.mat")
-        target = tmp_path / "3hp" / "outer.mat"
-    elif case == "no_de":
-        scipy.io.savemat(str(target), {"X200_FE_time": _signal("outer_007", 3)})
-    elif case == "short":
-        scipy.io.savemat(str(target), {"X200_DE_time": _signal("outer_007", 3, n=500)})
-    elif case == "corrupt":
-        target.write_bytes(b"\x00" * 64)
-    elif case == "wrong_number":
-        target.rename(tmp_path / "3hp" / "outer_007_555.mat")
-        target = tmp_path / "3hp" / "outer_007_555.mat"
-    with pytest.raises(UserError) as info:
-        bench = CWRUBenchmark(DataConfig(benchmark="cwru", root=str(tmp_path)))
-        for domain in bench.domains():
-            bench.load(domain)
-    message = str(info.value)
-    assert ("outer_007.mat" in message or str(target) in message) and "\n" not in message
-
-
-def test_cwru_layout_errors(tmp_path):
-    with pytest.raises(UserError, match="data.root"):
-        CWRUBenchmark(DataConfig(benchmark="cwru")).domains()
-    _write_cwru(tmp_path, loads=("1hp",))
-    with pytest.raises(UserError, match="at least two of 0hp"):
-        CWRUBenchmark(DataConfig(benchmark="cwru", root=str(tmp_path))).domains()
-    _write_cwru(tmp_path, loads=("2hp",))
-    with pytest.raises(UserError, match="fft"):
-        CWRUBenchmark(FileConfig(benchmark="cwru", root=str(tmp_path), variant="wavelet")).load("1hp")
-    with pytest.raises(UserError, match="1hp"):
-        CWRUBenchmark(DataConfig(benchmark="cwru", root=str(tmp_path))).load("0hp")
+def test_office_caltech_domains_are_those_with_files(tmp_path):
+    for d in ("dslr", "webcam"):  # DeCAF6 as <domain>.mat, feas / labels N x 1
+        feas, labels = _oc_data(d)
+        scipy.io.savemat(str(tmp_path / f"{d}.mat"), {"feas": feas, "labels": labels.reshape(-1, 1)})
+    bench = OfficeCaltechBenchmark(DataConfig(benchmark="office_caltech", root=str(tmp_path), variant="decaf"))
+    assert bench.domains() == ["dslr", "webcam"] and bench.load("dslr").input_shape == (16,)
+    with pytest.raises(UserError, match="no decaf6 file for amazon .*amazon_decaf.mat or amazon.mat"):
+        OfficeCaltechBenchmark(DataConfig(benchmark="office_caltech", root=str(tmp_path), target="amazon")).domains()
+    _write_fts(tmp_path / "sift", OC_DOMAINS, 500)  # fts of none of the known sizes
+    with pytest.raises(UserError, match="no decaf6 or resnet50 .* feature files .*holds none of the forms"):
+        OfficeCaltechBenchmark(DataConfig(benchmark="office_caltech", root=str(tmp_path / "sift"))).domains()
+    _write_fts(tmp_path / "surf", OC_DOMAINS, 8, plain=False)  # the GFK release's names, fts labels 1 x N too
+    assert OfficeCaltechBenchmark(
+        DataConfig(benchmark="office_caltech", root=str(tmp_path / "surf"))
+    ).domains() == list(OC_DOMAINS)
 
 
 def test_every_benchmark_has_a_one_line_description():

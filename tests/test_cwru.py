@@ -1,0 +1,178 @@
+"""The CWRU loader on tiny recordings the tests write: both namings, class choice, one-line refusals."""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pytest
+import scipy.io
+
+from fedsim.config import DataConfig
+from fedsim.data.benchmarks.cwru import CWRUBenchmark, window_starts
+from fedsim.errors import UserError
+
+RATE = 12000.0
+FREQS = {"normal": 600.0, "inner_007": 1500.0, "outer_007": 3000.0}
+
+
+def _signal(cls: str, load: int, n: int = 5000) -> np.ndarray:
+    t = np.arange(n) / RATE
+    rng = np.random.default_rng(load)
+    return (np.sin(2 * np.pi * FREQS[cls] * t) + 0.05 * rng.normal(size=n)).reshape(-1, 1)
+
+
+def _write_cwru(root, loads=("1hp", "2hp", "3hp"), numbered=False, classes=tuple(FREQS)):
+    """One recording per class and load; ``numbered``: named as shipped, ``<class>_<number>.mat``."""
+    number = 98
+    for load in loads:
+        (root / load).mkdir(exist_ok=True)
+        for cls in classes:
+            name = f"{cls}_{number}.mat" if numbered else f"{cls}.mat"
+            scipy.io.savemat(
+                str(root / load / name),
+                {
+                    f"X{number:03d}_DE_time": _signal(cls, int(load[0])),
+                    f"X{number:03d}_FE_time": _signal(cls, 9),
+                    f"X{number:03d}RPM": np.array([[1772]]),
+                },
+            )
+            number += 1
+
+
+def _bench(root, **kwargs) -> CWRUBenchmark:
+    return CWRUBenchmark(DataConfig(benchmark="cwru", root=str(root), **kwargs))
+
+
+def test_cwru_windows_and_fft_features(tmp_path):
+    _write_cwru(tmp_path)
+    bench = _bench(tmp_path)
+    assert bench.domains() == ["1hp", "2hp", "3hp"]
+    assert bench.classes == ("normal", "inner_007", "outer_007")  # the fixed class order, present ones only
+    dom = bench.load("2hp")
+    assert dom.num_classes == 3 and dom.input_shape == (512,)
+    assert len(dom.train_y) + len(dom.test_y) == 3 * (5000 // 1024)  # non-overlapping windows
+    x = np.concatenate([dom.train_x, dom.test_x])
+    y = np.concatenate([dom.train_y, dom.test_y])
+    for label, freq in enumerate(FREQS.values()):  # the spectrum peaks at the class's frequency
+        assert np.all(np.abs(np.argmax(x[y == label], axis=1) - freq / RATE * 1024) <= 1)
+    raw = _bench(tmp_path, variant="raw", samples_per_class=10).load("1hp")
+    assert raw.input_shape == (1024,) and len(raw.train_y) + len(raw.test_y) == 30  # overlapping, evenly spread
+    np.testing.assert_array_equal(window_starts(5000, 1024, 3), [0, 1988, 3976])
+
+
+def test_cwru_files_named_as_shipped_read_their_numbered_variable(tmp_path):
+    _write_cwru(tmp_path, numbered=True)
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    _write_cwru(plain)
+    numbered, renamed = _bench(tmp_path).load("3hp"), _bench(plain).load("3hp")
+    np.testing.assert_array_equal(numbered.train_x, renamed.train_x)  # same recordings, same windows
+    assert _bench(tmp_path).classes == ("normal", "inner_007", "outer_007")
+
+
+def test_cwru_several_signals_need_the_number(tmp_path):
+    _write_cwru(tmp_path, loads=("1hp", "2hp"))
+    both = {"X098_DE_time": _signal("normal", 1), "X099_DE_time": _signal("normal", 2, n=3000)}
+    scipy.io.savemat(str(tmp_path / "2hp" / "normal.mat"), both)
+    with pytest.raises(UserError, match="normal_<number>|<class>_<number>"):
+        _bench(tmp_path).load("2hp")
+    (tmp_path / "2hp" / "normal.mat").rename(tmp_path / "2hp" / "normal_99.mat")
+    dom = _bench(tmp_path).load("2hp")
+    assert np.bincount(np.concatenate([dom.train_y, dom.test_y]))[0] == 3000 // 1024  # X099 was used
+
+
+def test_cwru_default_classes_are_those_every_chosen_load_has(tmp_path, caplog):
+    """As the public copies ship: normal only at 0hp, so the default leaves it out and says so once."""
+    _write_cwru(tmp_path, loads=("0hp",), numbered=True)
+    _write_cwru(tmp_path, loads=("1hp", "2hp"), numbered=True, classes=("inner_007", "outer_007"))
+    with caplog.at_level(logging.INFO, logger="fedsim.data.benchmarks.cwru"):
+        bench = _bench(tmp_path, target="2hp")
+        assert bench.classes == ("inner_007", "outer_007")
+        assert bench.load("0hp").num_classes == 2 and bench.load("1hp").num_classes == 2
+    lines = [r.getMessage() for r in caplog.records if "common" in r.getMessage()]
+    assert lines == ["cwru: 2 classes common to loads 0hp, 1hp, 2hp (normal missing from 1hp, 2hp)"]
+    # Loads left out of the task (target + sources) do not restrict the classes.
+    assert _bench(tmp_path, target="0hp", sources=("1hp",)).classes == ("inner_007", "outer_007")
+    (tmp_path / "more").mkdir()
+    _write_cwru(tmp_path / "more", loads=("0hp", "3hp"))
+    _write_cwru(tmp_path / "more", loads=("1hp",), classes=("normal", "inner_007"))
+    assert _bench(tmp_path / "more", target="3hp", sources=("0hp",)).classes == tuple(FREQS)
+
+
+def test_cwru_named_classes_in_the_order_given(tmp_path):
+    _write_cwru(tmp_path)
+    bench = _bench(tmp_path, classes=("outer_007", "normal"))
+    assert bench.classes == ("outer_007", "normal")
+    dom = bench.load("1hp")
+    x, y = np.concatenate([dom.train_x, dom.test_x]), np.concatenate([dom.train_y, dom.test_y])
+    assert dom.num_classes == 2 and np.all(np.abs(np.argmax(x[y == 0], axis=1) - 3000 / RATE * 1024) <= 1)
+
+
+@pytest.mark.parametrize(
+    "classes, message",
+    [
+        (("normal", "ball_07"), "unknown cwru class 'ball_07': did you mean 'ball_007'"),
+        (("normal", "normal"), "names normal more than once"),
+        (("normal",), "at least two"),
+        (("normal", "inner_007"), "names normal but load 2hp has no normal.mat or normal_<number>.mat"),
+    ],
+)
+def test_cwru_class_choice_refusals(tmp_path, classes, message):
+    _write_cwru(tmp_path)
+    (tmp_path / "2hp" / "normal.mat").unlink()
+    with pytest.raises(UserError, match=message) as info:
+        _bench(tmp_path, classes=classes).domains()
+    assert "\n" not in str(info.value)
+    if "load 2hp" in message:  # how to fix it: the classes every load has, or leave the load out
+        assert "inner_007, outer_007" in str(info.value) and "data.sources" in str(info.value)
+
+
+def test_cwru_fewer_than_two_common_classes(tmp_path):
+    _write_cwru(tmp_path, loads=("1hp",), classes=("normal", "inner_007"))
+    _write_cwru(tmp_path, loads=("2hp",), classes=("inner_007", "outer_007"))
+    with pytest.raises(UserError, match=r"every chosen load has \(inner_007\) are fewer than two"):
+        _bench(tmp_path).domains()
+
+
+@pytest.mark.parametrize("case", ["bad_name", "no_de", "short", "corrupt", "wrong_number", "duplicate"])
+def test_cwru_bad_files_name_the_file(tmp_path, case):
+    _write_cwru(tmp_path)
+    target = tmp_path / "3hp" / "outer_007.mat"
+    if case == "bad_name":
+        target.rename(tmp_path / "3hp" / "outer.mat")
+        target = tmp_path / "3hp" / "outer.mat"
+    elif case == "no_de":
+        scipy.io.savemat(str(target), {"X200_FE_time": _signal("outer_007", 3)})
+    elif case == "short":
+        scipy.io.savemat(str(target), {"X200_DE_time": _signal("outer_007", 3, n=500)})
+    elif case == "corrupt":
+        target.write_bytes(b"\x00" * 64)
+    elif case == "wrong_number":
+        target.rename(tmp_path / "3hp" / "outer_007_555.mat")
+        target = tmp_path / "3hp" / "outer_007_555.mat"
+    elif case == "duplicate":
+        scipy.io.savemat(str(tmp_path / "3hp" / "outer_007_130.mat"), {"X130_DE_time": _signal("outer_007", 3)})
+    with pytest.raises(UserError) as info:
+        bench = _bench(tmp_path)
+        for domain in bench.domains():
+            bench.load(domain)
+    message = str(info.value)
+    assert ("outer_007.mat" in message or str(target) in message) and "\n" not in message
+
+
+def test_cwru_layout_errors(tmp_path):
+    with pytest.raises(UserError, match="data.root"):
+        CWRUBenchmark(DataConfig(benchmark="cwru")).domains()
+    _write_cwru(tmp_path, loads=("1hp",))
+    with pytest.raises(UserError, match="at least two of 0hp"):
+        _bench(tmp_path).domains()
+    (tmp_path / "0hp").mkdir()
+    with pytest.raises(UserError, match="at least two classes|fewer than two"):
+        _bench(tmp_path).domains()  # an empty load folder has no class in common with the others
+    (tmp_path / "0hp").rmdir()
+    _write_cwru(tmp_path, loads=("2hp",))
+    with pytest.raises(UserError, match="fft"):
+        _bench(tmp_path, variant="wavelet").load("1hp")
+    with pytest.raises(UserError, match="1hp"):
+        _bench(tmp_path).load("0hp")
