@@ -1,4 +1,4 @@
-"""Amazon Review loader on tiny files in both supported layouts; FADA on Amazon Review and Office-Caltech10 files."""
+"""Amazon Review loader on tiny files in every supported layout; FADA on Amazon Review and Office-Caltech10 files."""
 
 from dataclasses import dataclass
 
@@ -55,6 +55,18 @@ def write_npz(root):
     return counts, y
 
 
+def write_400(root, electronics: str = "elec"):
+    """The 400-d release: <domain>_400.mat (elec_400.mat for electronics), fts N x D, labels N x 1 as 0/1."""
+    counts, y = corpus()
+    start = 0
+    for domain, size in zip(DOMAINS, SIZES):
+        name = electronics if domain == "electronics" else domain
+        labels = (y[start : start + size] > 0).astype(np.uint8).reshape(-1, 1)
+        scipy.io.savemat(str(root / f"{name}_400.mat"), {"fts": counts[start : start + size], "labels": labels})
+        start += size
+    return counts, y
+
+
 @dataclass(frozen=True)
 class VariantConfig(DataConfig):
     variant: str = "default"
@@ -68,10 +80,12 @@ def test_registered():
     assert "amazon_review" in BENCHMARKS.names()
 
 
-@pytest.mark.parametrize("layout", ["mat-one-based", "mat-zero-based", "npz"])
+@pytest.mark.parametrize("layout", ["mat-one-based", "mat-zero-based", "npz", "400", "400-electronics"])
 def test_layouts_give_the_same_domains(tmp_path, layout):
     if layout == "npz":
         counts, y = write_npz(tmp_path)
+    elif layout.startswith("400"):
+        counts, y = write_400(tmp_path, electronics=layout[4:] or "elec")
     else:
         counts, y = write_mat(tmp_path, one_based=layout == "mat-one-based")
     benchmark = bench(tmp_path)
@@ -117,6 +131,9 @@ def test_variants_and_dense_documents_by_features(tmp_path):
         ("shape", "one dimension of xx"),
         ("npz_no_y", "lacks the expected arrays"),
         ("npz_vocabulary", "different vocabularies"),
+        ("partial_400", "no amazon.mat and no elec_400.mat in"),
+        ("400_no_labels", "dvd_400.mat lacks the expected variables .found: fts, y.: expected fts"),
+        ("400_bad_labels", "dvd_400.mat: 'labels' holds labels 0.0, 1.0, 2.0"),
         ("unknown_domain", "did you mean 'books'"),
     ],
 )
@@ -145,6 +162,14 @@ def test_bad_files_give_one_line_naming_the_problem(tmp_path, case, message):
     elif case == "npz_vocabulary":
         write_npz(tmp_path)
         np.savez(tmp_path / "dvd.npz", x=np.ones((6, 7)), y=np.array([0, 1] * 3))
+    elif case == "partial_400":
+        write_400(tmp_path)
+        (tmp_path / "elec_400.mat").unlink()
+    elif case in ("400_no_labels", "400_bad_labels"):
+        write_400(tmp_path)
+        labels = np.arange(SIZES[1]).reshape(-1, 1) % 3
+        wrong = {"y": labels} if case == "400_no_labels" else {"labels": labels}
+        scipy.io.savemat(str(tmp_path / "dvd_400.mat"), {"fts": np.ones((SIZES[1], VOCABULARY)), **wrong})
     elif case == "unknown_domain":
         write_npz(tmp_path)
         domain = "book"
