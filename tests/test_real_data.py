@@ -15,6 +15,7 @@ from fedsim.config import DataConfig
 from fedsim.data.benchmarks.amazon_review import AmazonReviewBenchmark
 from fedsim.data.benchmarks.cwru import CLASSES, CWRUBenchmark
 from fedsim.data.benchmarks.office_caltech import OfficeCaltechBenchmark
+from fedsim.errors import UserError
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 if not DATA.is_dir():
@@ -73,7 +74,7 @@ def test_cwru_loads_share_the_nine_faults():
     with_normal = CWRUBenchmark(
         DataConfig(benchmark="cwru", root=str(DATA / "cwru"), classes=("normal", "ball_007"), target="0hp")
     )
-    with pytest.raises(Exception, match="load 1hp has no normal.mat or normal_<number>.mat"):
+    with pytest.raises(UserError, match="load 1hp has no normal.mat or normal_<number>.mat"):
         with_normal.domains()
 
 

@@ -179,7 +179,8 @@ def choose_classes(files: dict[str, dict], loads: list[str], named: tuple[str, .
         if lacking:
             raise UserError(
                 f"cwru: data.classes names {cls} but load {lacking[0]} has no {cls}.mat or {cls}_<number>.mat: "
-                f"pick data.classes among the classes {have}, or leave load {', '.join(lacking)} out "
+                f"pick data.classes among the classes {have}, or leave {'load' if len(lacking) == 1 else 'loads'} "
+                f"{', '.join(lacking)} out "
                 "(--target and --set data.sources=...)"
             )
     if named:
