@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 from typing import Optional
 
+from experiments.reproduce_data import parse_data_roots, resolve_data_roots
 from experiments.reproduce_results import claims_text, results_rows, table, write_results_csv
 from experiments.reproduce_spec import PaperSpec, available, from_json, load_spec, shrink, to_json, to_sweep
 from experiments.sweep import SPEC_FILE, TUNE_NAME, report_failures, run_grid
@@ -53,6 +54,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="finish the interrupted grid in --out (its grid comes from reproduce.json)",
     )
+    parser.add_argument(
+        "--data-dir",
+        help="the folder holding the files of the spec's benchmarks that read files (each entry's data_root "
+        "is relative to it); default: $FEDSIM_DATA_DIR",
+    )
+    parser.add_argument(
+        "--data-root",
+        action="append",
+        metavar="BENCHMARK=DIR",
+        help="one benchmark entry's folder, e.g. cwru=/data/cwru (repeatable; overrides --data-dir)",
+    )
     parser.add_argument("-q", "--quiet", action="store_true", help="no Tune progress, no table")
 
 
@@ -76,6 +88,8 @@ def _resumed(args: argparse.Namespace) -> tuple[PaperSpec, SweepSpec, Path]:
             ("--quick", args.quick),
             ("--seeds", args.seeds),
             ("--backend", args.backend),
+            ("--data-dir", args.data_dir),
+            ("--data-root", args.data_root),
         )
         if value
     ]
@@ -118,6 +132,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         seeds = parse_list("seeds", args.seeds, int, "0,1,2") if args.seeds else None
         spec = shrink(load_spec(args.paper, args.spec), args.quick, seeds)
+        spec = resolve_data_roots(spec, args.data_dir, parse_data_roots(args.data_root))
         sweep_spec = to_sweep(spec)
         sweep_spec.backend = args.backend or "ray"
         out = None

@@ -26,7 +26,7 @@ KEYS = {
         "series",
         "quick",
     },
-    "benchmark": {"targets", "set", "run_set"},
+    "benchmark": {"targets", "set", "run_set", "benchmark", "data_root"},
     "run": {"config", "set", "only"},
     "row": {"name", "label", "run", "metrics", "vars"},
     "claim": {"claim", "order", "metric", "strict", "benchmark", "target", "per_target"},

@@ -238,7 +238,7 @@ def to_sweep(spec: PaperSpec) -> SweepSpec:
             + list((bench.get("run_set") or {}).get(run, []))
             + list(spec.runs[run].get("set", []))
             + spec.last_settings
-            + [f"data.benchmark={bench_name}", f"data.target={target}"]
+            + [f"data.benchmark={bench.get('benchmark') or bench_name}", f"data.target={target}"]
         )
         variants[name] = {
             "config_file": path and str(path),
