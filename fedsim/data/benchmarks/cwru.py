@@ -205,6 +205,11 @@ class CWRUBenchmark(Benchmark):
     FFT-magnitude (``data.variant=fft``) or raw (``raw``) features.
     """
 
+    #: each client standardizes by its own training statistics, nothing shared: what the FedDaDiL authors'
+    #: code does (and Gong et al.'s z-scored Office-Caltech10 release); --set data.normalization=federated
+    #: shares one mean and std, =none keeps the raw features
+    default_normalization = "per-domain"
+
     def __init__(self, data_config):
         super().__init__(data_config)
         self._files: Optional[dict[str, dict[str, tuple[Path, Optional[str]]]]] = None

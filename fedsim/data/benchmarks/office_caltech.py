@@ -132,6 +132,11 @@ class OfficeCaltechBenchmark(Benchmark):
     googlenet1024 | caffenet4096 | resnet50.
     """
 
+    #: each client standardizes by its own training statistics, nothing shared: what the FedDaDiL authors'
+    #: code does (and Gong et al.'s z-scored Office-Caltech10 release); --set data.normalization=federated
+    #: shares one mean and std, =none keeps the raw features
+    default_normalization = "per-domain"
+
     def __init__(self, data_config):
         super().__init__(data_config)
         self._arrays: Optional[dict[str, tuple[np.ndarray, np.ndarray]]] = None
