@@ -98,14 +98,20 @@ def _flags(root: Path, *pairs: str) -> list[str]:
         ("office_caltech", "office_caltech10/surf", "caltech", {"amazon", "dslr", "webcam"}),
         ("office_caltech", "office_caltech10/googlenet1024", "amazon", {"dslr", "webcam"}),
         ("amazon_review", "amazon_review", "kitchen", {"books", "dvd", "electronics"}),
+        ("images", "office_caltech10/images", "webcam", {"amazon", "caltech10", "dslr"}),
     ],
 )
-def test_short_run_on_real_features(tmp_path, benchmark, folder, target, sources):
-    args = ["--backend", "local", "--benchmark", benchmark, "--target", target, "--rounds", "2"]
-    summary = _run(tmp_path, "run", args + _flags(DATA / folder, "data.max_train_per_domain=120"))
+def test_short_run_on_real_data_is_the_same_on_both_backends(tmp_path, ray_cluster, benchmark, folder, target, sources):
+    args = ["--benchmark", benchmark, "--target", target, "--rounds", "2"]
+    pairs = ["data.max_train_per_domain=120"] + (["model.name=cnn"] if benchmark == "images" else [])
+    flags = _flags(DATA / folder, *pairs)
+    runs = {b: _run(tmp_path, b, args + flags + ["--backend", b]) for b in ("local", "ray")}
+    summary = runs["local"]
     assert (summary["benchmark"], summary["target"]) == (benchmark, target)
     assert set(summary["source_accuracy"]) == sources
     assert all(0.0 <= a <= 1.0 for a in [summary["target_accuracy"], *summary["source_accuracy"].values()])
+    for key in ("target_accuracy", "source_accuracy", "bytes_sent", "bytes_received"):
+        assert runs["ray"][key] == summary[key], key
 
 
 def test_cwru_runs_the_same_on_both_backends(tmp_path, ray_cluster):
