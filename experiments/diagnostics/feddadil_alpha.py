@@ -15,6 +15,7 @@ import torch
 
 from experiments.diagnostics.run_dir import RunDir, alpha_of, atoms, fmt_row, test_features
 from fedsim.methods.common import dictionary as dil
+from fedsim.methods.common.dictionary_predictors import evaluate_predictors
 
 NAME = "feddadil-alpha"
 HELP = "each source's DaDiL-R / -E accuracy with its own alpha and with alpha re-fitted on the atoms (FedDaDiL)"
@@ -51,7 +52,7 @@ def refit_alpha(run: RunDir, client_id: int, steps: int, seed: int) -> torch.Ten
 
 def accuracies(run: RunDir, client_id: int, alpha: torch.Tensor, seed: int) -> tuple[float, float]:
     """DaDiL-R and DaDiL-E test accuracy of one client with ``alpha`` (the library's predictors)."""
-    counts = dil.evaluate_predictors(
+    counts = evaluate_predictors(
         run.server_state,
         alpha,
         test_features(run, client_id),

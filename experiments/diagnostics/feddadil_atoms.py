@@ -20,7 +20,8 @@ import numpy as np
 import torch
 
 from experiments.diagnostics.run_dir import RunDir, alpha_of, atoms, fmt_row, subsample, test_features
-from fedsim.methods.common.dictionary import barycenter, fit_classifier
+from fedsim.methods.common.dictionary import barycenter
+from fedsim.methods.common.dictionary_predictors import fit_classifier
 from fedsim.ot.wasserstein import wasserstein_distance
 
 NAME = "feddadil-atoms"

@@ -1,17 +1,14 @@
 """DaDiL, centralized: the upper bound that FedDaDiL is compared with (FedDaDiL paper, Fig. 2a).
 
-Montesuma, Mboula, Souloumiac, ECAI 2023, Alg. 2: one process sees every
-domain and minimizes sum_l W_c(Q_l, B(alpha_l; P)) (Eq. 9) over the atoms and
-all barycentric coordinates. The full atoms are one trainable tensor (K, n, d)
-(and their label logits another); at each step every domain l draws its own
-mini-batch of its data and its own mini-batch of every atom's rows, computes
-its loss, the losses are summed, and the optimizer updates the atom rows some
-domain's loss touched (rows no domain sampled stay as they are, momentum
-included). A round is E epochs of n // n_b steps, as many steps as one
-FedDaDiL client makes; the optimizer state persists across rounds in the
-server state. Defaults as FedDaDiL (PyDiL's n = 500, n_b = 200) but the optimizer: Adam 0.3, as
-PyDiL's centralized dictionary (``CentralizedDictionaryParams``, with the rule on the sources' DiL loss;
-FedDaDiL's clients use SGD, the reason is in ``DictionaryParams``).
+Montesuma, Mboula, Souloumiac, ECAI 2023, Alg. 2, with the authors' centralized recipe (PyDiL's
+``LabeledEmpiricalDictionary.fit`` and ``parse_args_dadil``): one process sees every domain and minimizes
+sum_l W_c(Q_l, B(alpha_l; P)) (Eq. 9) over the atoms and all barycentric coordinates. The atoms are one trainable
+tensor (K, n, d) (and their label logits another); at each step every domain l draws its own mini-batch of its
+data (class-balanced for a source) and its own class-balanced mini-batch of every atom's rows, computes its loss,
+the losses are summed and one Adam step (lr 0.1 on features, label logits and alpha) moves every row the optimizer
+moves (Adam's moments move rows no domain sampled in this step, as in the code). A round is E epochs of n // n_b
+steps; the code's 40 iterations are the default's 40 rounds of one epoch (``config_defaults``). The optimizer
+state persists across rounds in the server state (the code keeps one optimizer for the whole fit).
 
 To keep the comparison exact, it runs on the same simulator: in the first
 dictionary round every client uploads its (standardized, encoded) training
@@ -19,8 +16,8 @@ features, and its labels if it is a source, to the server. Raw data crossing
 the wire is the point of this baseline (and is counted in ``bytes_received``);
 the target's labels are never uploaded. The barycentric coordinates of every
 domain live in the server state and travel to each client with the evaluation.
-Everything else (atom initialization, atom mini-batches, encoder stage,
-DaDiL-R / DaDiL-E evaluation) is FedDaDiL's, through the same common pieces.
+Everything else (atom initialization, encoder stage, DaDiL-R / DaDiL-E evaluation) is FedDaDiL's, through the same
+common pieces.
 """
 
 from __future__ import annotations
@@ -34,6 +31,8 @@ from fedsim.data.base import ClientData
 from fedsim.messages import Instruction, Reply
 from fedsim.methods.base import ServerState, client_operation
 from fedsim.methods.common import dictionary as dil
+from fedsim.methods.common import dictionary_sampling as sampling
+from fedsim.methods.common.dictionary_predictors import evaluate_predictors
 from fedsim.methods.common.settings import LocalSettings
 from fedsim.methods.families.dictionary import DictionaryMethod
 from fedsim.registry import METHODS
@@ -45,6 +44,8 @@ class DaDiL(DictionaryMethod):
 
     Params = dil.CentralizedDictionaryParams
     centralized = True  # replies carry client data on purpose: the contract tests know this
+    # parse_args_dadil: n_iter 40 (one epoch of n // n_b steps each), n_b = 200, K = 5 (DictionaryParams)
+    config_defaults = {"run": {"rounds": 40}, "method": {"batch_size": 200, "local_epochs": 1}}
 
     # ---- server half ------------------------------------------------------
     def init_server(self) -> ServerState:
@@ -81,38 +82,35 @@ class DaDiL(DictionaryMethod):
         self, ctx, pool: dict, atoms_x, atoms_logits, alphas: dict, optimizer
     ) -> dict[int, list[float]]:
         """E epochs of n // n_b steps (Alg. 2). Each step, every domain draws its own data mini-batch and its
-        own atom mini-batch; the summed loss updates the atom rows sampled by some domain, and every alpha_l
-        (projected on the simplex). Returns the last epoch's losses."""
+        own class-balanced atom mini-batch; one step on the summed loss, every alpha_l projected on the simplex.
+        Returns the last epoch's losses."""
         p, settings = self.params, LocalSettings.from_config(self.client_settings(ctx.round))
-        batch_size = settings.batch_size
+        batch_size, classes = settings.batch_size, self.federation.num_classes
         data = {}
         for cid, (x, y) in pool.items():
             generator = torch.Generator().manual_seed(ctx.seed(cid, "dil"))
-            data[cid] = (torch.as_tensor(x), dil.one_hot_labels(y, self.federation.num_classes), generator)
+            labels = None if y is None else torch.tensor(np.asarray(y))
+            data[cid] = (torch.tensor(np.asarray(x)), labels, dil.one_hot_labels(y, classes), generator)
         losses: dict[int, list[float]] = {}
         steps = max(p.samples_per_atom // batch_size, 1)
         for _ in range(settings.local_epochs):
             losses = {cid: [] for cid in data}
             for _ in range(steps):
-                total, touched = 0.0, torch.zeros(atoms_x.shape[:2], dtype=torch.bool)
-                for cid, (x, labels, generator) in data.items():
-                    idx = dil.atom_minibatches(self.num_atoms, p.samples_per_atom, batch_size, generator)[0]
-                    rows = dil.data_minibatch(len(x), batch_size, generator)
-                    touched[torch.arange(self.num_atoms)[:, None], idx] = True
+                total = 0.0
+                for cid, (x, labels, onehot, generator) in data.items():
+                    idx = sampling.balanced_atom_rows(atoms_logits.detach(), batch_size, generator, replace=False)
+                    rows = sampling.domain_rows(labels, len(x), classes, batch_size, generator)
                     loss = dil.dil_loss(
                         *dil.gather_atoms(atoms_x, atoms_logits, idx),
                         alphas[cid],
                         x[rows],
-                        None if labels is None else labels[rows],
+                        None if onehot is None else onehot[rows],
                         p,
+                        generator,
                     )
                     total = total + loss
                     losses[cid].append(float(loss.detach()))
-                optimizer.zero_grad(set_to_none=True)
-                total.backward()
-                dil.step_touched(optimizer, [atoms_x, atoms_logits], touched)
-                for alpha in alphas.values():
-                    dil.project_alpha(alpha)
+                dil.dil_step(optimizer, total, [atoms_x, atoms_logits], list(alphas.values()))
         return losses
 
     def evaluate_round(self, ctx, state: ServerState) -> dict:
@@ -148,7 +146,7 @@ class DaDiL(DictionaryMethod):
             return self.encoder.evaluate(instruction, state, data)
         self.encoder.prepare(state, data, instruction.tensors)
         alpha, seed = torch.tensor(instruction.config["alpha"], dtype=torch.float32), instruction.config["seed"]
-        metrics = dil.evaluate_predictors(
+        metrics = evaluate_predictors(
             instruction.tensors, alpha, state["test_features"], data.test.y, self.params, seed
         )
         return Reply(data.client_id, {}, metrics, num_examples=len(data.test)), state

@@ -2,26 +2,28 @@
 
 Castellon, Montesuma et al., "Federated Dataset Dictionary Learning for
 Multi-Source Domain Adaptation", ICASSP 2024 (Alg. 1), on top of DaDiL
-(Montesuma et al., ECAI 2023). The server holds K atoms (labeled empirical
-distributions of n rows) and sends the whole dictionary to every sampled client;
-each client (labeled sources and the unlabeled target) clones it and makes E
-local iterations, each one pass over the atoms in n // n_b mini-batches (every
-atom's rows from its own permutation), with one optimizer step per mini-batch on
-its copy of the atoms and on its private barycentric coordinates alpha (projected
-on the simplex) to reduce W_c(client batch, B(alpha; atoms)) (DaDiL Eq. 9). The
-client's optimizer state persists across rounds, as in the authors' PyDiL client.
-Clients return their atom versions only; alpha never leaves the client. The
-server keeps one client's version drawn at random (``aggregation=random``) or
-their mean (``avg``); docs/feddadil.md gives the default and its measured reason.
+(Montesuma et al., ECAI 2023); the round follows the authors' federated code (``DaDiLServer.federated_fit``,
+``DaDiLClient.update_joint``). The server holds K atoms (labeled empirical distributions of n rows). Each round:
 
-On raw-input benchmarks (images) the first ``encoder_rounds`` rounds train an
-encoder with FedAvg on the sources (:class:`~fedsim.methods.families.dictionary.EncoderStage`);
-the dictionary is then learned on encoded features standardized with
-statistics combined from client sums.
+1. the server draws one class-balanced mini-batch of n_b rows from each atom (n_b // C rows of each class by
+   the atoms' hard labels, with replacement) and sends those rows (features and label logits) to every sampled
+   client ("the server communicates a mini-batch from atoms to each client");
+2. each client (labeled sources and the unlabeled target) clones them, builds a fresh optimizer (SGD with
+   momentum over the rows and its private barycentric coordinates alpha) and makes E x (n // n_b) steps, each on a
+   fresh mini-batch of its own data (class-balanced for a source), reducing W_c(client batch, B(alpha; rows))
+   (DaDiL Eq. 9) and projecting alpha on the simplex; it returns its version of the rows, never alpha;
+3. the server aggregates the versions (one drawn at random by default: the paper's rule) and writes the result
+   back into those rows only.
 
-Evaluation: DaDiL-R (a classifier trained on the reconstruction
-B(alpha; atoms)) is ``target_accuracy``; DaDiL-E (per-atom classifiers weighted
-by alpha) is ``target_accuracy_E``. Each client evaluates with its own alpha.
+``method.exchange=full`` sends the whole dictionary instead (the code's ``federated_full_fit``);
+``method.aggregation`` picks ``random``, ``avg`` or ``wbary`` (``DictionaryParams``). Per round the metrics hold
+``dil_loss`` and ``client_drift`` per client, and their summaries ``atom_drift`` (mean drift of the versions from
+the round's starting rows) and ``atom_dispersion`` (mean pairwise distance between the versions).
+
+On raw-input benchmarks (images) the first ``encoder_rounds`` rounds train an encoder with FedAvg on the sources
+(:class:`~fedsim.methods.families.dictionary.EncoderStage`). Evaluation: DaDiL-R (a net trained on the
+reconstruction B(alpha; atoms)) is ``target_accuracy``; DaDiL-E (per-atom nets weighted by alpha) is
+``target_accuracy_E``. Each client evaluates with its own alpha.
 """
 
 from __future__ import annotations
@@ -35,10 +37,13 @@ from fedsim.data.base import ClientData
 from fedsim.messages import Instruction, Reply
 from fedsim.methods.base import ServerState, client_operation
 from fedsim.methods.common import dictionary as dil
+from fedsim.methods.common import dictionary_sampling as sampling
+from fedsim.methods.common.dictionary_aggregation import aggregate_versions
+from fedsim.methods.common.dictionary_predictors import evaluate_predictors
 from fedsim.methods.common.settings import LocalSettings
 from fedsim.methods.families.dictionary import DictionaryMethod
 from fedsim.registry import METHODS
-from fedsim.seeding import numpy_rng
+from fedsim.seeding import derive_seed
 
 
 @METHODS.register("feddadil")
@@ -46,6 +51,8 @@ class FedDaDiL(DictionaryMethod):
     """FedDaDiL (Castellon, Montesuma et al. 2024): a shared dictionary of labeled atoms, alpha stays private."""
 
     Params = dil.DictionaryParams
+    # the authors' parse_args_fed_dadil: 50 rounds (n_iter), n_b = 200 (batch_size), E = 5 (n_client_it), momentum 0.9
+    config_defaults = {"run": {"rounds": 50}, "method": {"batch_size": 200, "local_epochs": 5, "momentum": 0.9}}
 
     # ---- server half ------------------------------------------------------
     def init_server(self) -> ServerState:
@@ -57,7 +64,8 @@ class FedDaDiL(DictionaryMethod):
     def run_round(self, ctx, state: ServerState) -> tuple[ServerState, dict]:
         if self.encoder.is_encoder_round(ctx.round):
             return self.encoder.run_round(ctx, state)
-        payload = {**dil.atom_tensors(state), **self.encoder.feature_payload(ctx, state)}
+        start, rows = self.atom_batch(ctx.round, state)
+        payload = {**start, **self.encoder.feature_payload(ctx, state)}
         # the first dictionary round reaches every client (encoder weights, standardization); then a sample
         working = (
             self.federation.client_ids
@@ -65,22 +73,32 @@ class FedDaDiL(DictionaryMethod):
             else self.sample_clients(ctx.round, self.federation.client_ids)
         )
         replies = ctx.call("dil", payload, working, self.client_settings(ctx.round))
-        versions = [(r.tensors["atoms_x"], r.tensors["atoms_logits"]) for r in replies.values()]
+        versions = {cid: (r.tensors["atoms_x"], r.tensors["atoms_logits"]) for cid, r in replies.items()}
+        origin = (start["atoms_x"], start["atoms_logits"])
         metrics = {
             "stage": "dictionary",
             "dil_loss": {str(cid): r.metrics["dil_loss"] for cid, r in replies.items()},
-            "atom_drift": dil.atom_drift(versions, (state["atoms_x"], state["atoms_logits"]), self.params),
-            "atom_dispersion": dil.atom_dispersion(versions, self.params),
+            "client_drift": dil.client_drift(versions, origin, self.params),
+            "atom_drift": dil.atom_drift(list(versions.values()), origin, self.params),
+            "atom_dispersion": dil.atom_dispersion(list(versions.values()), self.params),
         }
-        atoms_x, atoms_logits = self.aggregate_atoms(ctx.round, versions)
-        return {**state, "atoms_x": np.asarray(atoms_x), "atoms_logits": np.asarray(atoms_logits)}, metrics
+        seed = derive_seed(self.config.run.seed, ctx.round, "aggregate")
+        new_x, new_logits = aggregate_versions(self.params, list(versions.values()), seed)
+        atoms_x, atoms_logits = state["atoms_x"].copy(), state["atoms_logits"].copy()
+        where = slice(None) if rows is None else (np.arange(len(atoms_x))[:, None], rows)
+        atoms_x[where], atoms_logits[where] = new_x, new_logits  # written back into the batch rows only
+        return {**state, "atoms_x": atoms_x, "atoms_logits": atoms_logits}, metrics
 
-    def aggregate_atoms(self, rnd: int, versions):
-        """The paper's rule: one client's version drawn at random; or the mean of the versions."""
-        if self.params.aggregation == "avg":
-            return np.mean([v[0] for v in versions], axis=0), np.mean([v[1] for v in versions], axis=0)
-        chosen = int(numpy_rng(self.config.run.seed, rnd, "aggregate").integers(len(versions)))
-        return versions[chosen]
+    def atom_batch(self, rnd: int, state: ServerState):
+        """The rows this round exchanges and their indices (K, C * (n_b // C)); the whole dictionary and None with
+        the ``full`` exchange."""
+        if self.params.exchange == "full":
+            return dil.atom_tensors(state), None
+        generator = torch.Generator().manual_seed(derive_seed(self.config.run.seed, rnd, "atom-batch"))
+        rows = sampling.balanced_atom_rows(state["atoms_logits"], self.config.method.batch_size, generator, True)
+        rows = rows.numpy()
+        where = (np.arange(len(rows))[:, None], rows)
+        return {"atoms_x": state["atoms_x"][where], "atoms_logits": state["atoms_logits"][where]}, rows
 
     def evaluate_round(self, ctx, state: ServerState) -> dict:
         if self.encoder.is_encoder_round(ctx.round):
@@ -96,40 +114,44 @@ class FedDaDiL(DictionaryMethod):
 
     @client_operation
     def dil(self, instruction: Instruction, state: Any, data: ClientData) -> tuple[Reply, Any]:
-        """E local iterations on the client's copy of the atoms and on its alpha (Alg. 1, ClientUpdate)."""
+        """E x (n // n_b) steps on the client's clone of the rows it received and on its alpha (Alg. 2)."""
         p, settings = self.params, LocalSettings.from_config(instruction.config, self.config.method)
-        batch_size = settings.batch_size
         self.encoder.prepare(state, data, instruction.tensors)
-        train_x = state["train_features"]
         atoms_x, atoms_logits = dil.trainable_atoms(instruction.tensors["atoms_x"], instruction.tensors["atoms_logits"])
         alpha = state["alpha"].clone().requires_grad_(True)
+        # a fresh optimizer every round, as DaDiLClient.update_joint builds one per call
         optimizer = dil.make_optimizer(p, settings.momentum, [atoms_x, atoms_logits], [alpha])
-        if "optimizer" in state:  # PyDiL's client keeps one optimizer (and its momentum) across rounds
-            optimizer.load_state_dict(state["optimizer"])
-        labels = dil.one_hot_labels(data.train.y, data.num_classes)
         generator = torch.Generator().manual_seed(instruction.config["seed"])
+        atoms = (atoms_x, atoms_logits)
+        losses = self.local_steps(settings, state["train_features"], data, atoms, alpha, optimizer, generator)
+        state["alpha"] = alpha.detach().clone()
+        tensors = {"atoms_x": atoms_x.detach().numpy(), "atoms_logits": atoms_logits.detach().numpy()}
+        loss = float(np.mean(losses)) if losses else float("nan")
+        return Reply(data.client_id, tensors, {"dil_loss": loss}, len(state["train_features"])), state
+
+    def local_steps(self, settings, train_x, data: ClientData, atoms, alpha, optimizer, generator) -> list:
+        """E epochs of n // n_b steps; returns the last epoch's losses. ``minibatch``: every step uses all the rows
+        received; ``full``: each epoch sweeps the atoms in n // n_b mini-batches (every atom its own permutation)."""
+        p, (atoms_x, atoms_logits) = self.params, atoms
+        batch_size, classes = settings.batch_size, data.num_classes
+        labels = None if data.train.y is None else torch.from_numpy(data.train.y)
+        onehot = dil.one_hot_labels(data.train.y, classes)
+        steps = max(p.samples_per_atom // batch_size, 1)
         losses: list[float] = []
         for _ in range(settings.local_epochs):
             losses = []
-            for idx in dil.atom_minibatches(self.num_atoms, p.samples_per_atom, batch_size, generator):
-                rows = dil.data_minibatch(len(train_x), batch_size, generator)
-                loss = dil.dil_loss(
-                    *dil.gather_atoms(atoms_x, atoms_logits, idx),
-                    alpha,
-                    train_x[rows],
-                    None if labels is None else labels[rows],
-                    p,
+            full = p.exchange == "full"
+            batches = dil.atom_minibatches(self.num_atoms, p.samples_per_atom, batch_size, generator) if full else None
+            for step in range(steps):
+                rows_x, rows_logits = (
+                    dil.gather_atoms(atoms_x, atoms_logits, batches[step]) if full else (atoms_x, atoms_logits)
                 )
-                optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                optimizer.step()
-                dil.project_alpha(alpha)
+                rows = sampling.domain_rows(labels, len(train_x), classes, batch_size, generator)
+                y = None if onehot is None else onehot[rows]
+                loss = dil.dil_loss(rows_x, rows_logits, alpha, train_x[rows], y, p, generator)
+                dil.dil_step(optimizer, loss, [atoms_x, atoms_logits], [alpha])
                 losses.append(float(loss.detach()))
-        state["alpha"], state["optimizer"] = alpha.detach().clone(), optimizer.state_dict()
-        tensors = {"atoms_x": atoms_x.detach().numpy(), "atoms_logits": atoms_logits.detach().numpy()}
-        return Reply(
-            data.client_id, tensors, {"dil_loss": float(np.mean(losses)) if losses else float("nan")}, len(train_x)
-        ), state
+        return losses
 
     @client_operation
     def evaluate(self, instruction: Instruction, state: Any, data: ClientData) -> tuple[Reply, Any]:
@@ -138,7 +160,7 @@ class FedDaDiL(DictionaryMethod):
             return self.encoder.evaluate(instruction, state, data)
         self.encoder.prepare(state, data, instruction.tensors)
         alpha, seed = state["alpha"], instruction.config["seed"]
-        metrics = dil.evaluate_predictors(
+        metrics = evaluate_predictors(
             instruction.tensors, alpha, state["test_features"], data.test.y, self.params, seed
         )
         return Reply(data.client_id, {}, metrics, num_examples=len(data.test)), state

@@ -10,9 +10,14 @@ Wasserstein Barycenters", Alg. 2 with uniform support weights; POT's
 
 Plans are detached; the result is differentiable w.r.t. the atoms and alpha
 through the final update, which is what DaDiL's gradient step needs.
+``beta=None`` weighs the label term of pi_k's cost by the largest feature cost
+between the current support and atom k, recomputed at every iteration (the rule
+of the DaDiL authors' ``wasserstein_barycenter`` when no label weight is given).
 """
 
 from __future__ import annotations
+
+from typing import Optional
 
 import torch
 
@@ -80,7 +85,7 @@ def labeled_barycenter(
     n_support=None,
     n_iter: int = 10,
     tol: float = 1e-6,
-    beta: float = 1.0,
+    beta: Optional[float] = 1.0,
     solver: str = "emd",
     reg: float = 0.01,
     init=None,
@@ -91,7 +96,7 @@ def labeled_barycenter(
     ``atoms_y=None`` gives the unlabeled barycenter (Y_B is then None). The
     support (uniform weights, n_B = ``n_support`` points) starts at the first
     atom's points or at ``init`` (X_B or (X_B, Y_B)). Each of at most
-    ``n_iter`` iterations solves pi_k under ``joint_cost`` (beta, solver, reg)
+    ``n_iter`` iterations solves pi_k under ``joint_cost`` (beta, or the per-atom rule when None; solver, reg)
     and applies X_B <- sum_k alpha_k n_B pi_k X_k (same for Y_B); it stops when
     the squared displacement ||dX_B||^2 + ||dY_B||^2 < ``tol``. Returns (X_B, Y_B).
     """
@@ -117,13 +122,18 @@ def _plans(xb, yb, atoms_x, atoms_y, beta, solver, reg) -> list:
     n_b = xb.shape[0]
     return [
         n_b
-        * transport_plan(
-            joint_cost(xb, xk.detach(), yb, None if atoms_y is None else atoms_y[k].detach(), beta),
-            solver=solver,
-            reg=reg,
-        )
+        * transport_plan(_atom_cost(xb, yb, xk, None if atoms_y is None else atoms_y[k], beta), solver=solver, reg=reg)
         for k, xk in enumerate(atoms_x)
     ]
+
+
+def _atom_cost(xb, yb, xk, yk, beta):
+    """Joint cost between the support and one atom; ``beta=None``: label weight = the largest feature cost."""
+    xk, yk = xk.detach(), None if yk is None else yk.detach()
+    if beta is not None or yk is None:
+        return joint_cost(xb, xk, yb, yk, 1.0 if beta is None else beta)
+    features = joint_cost(xb, xk)
+    return features + features.max() * joint_cost(yb, yk)
 
 
 def _apply(plans, atoms_x, atoms_y, alpha):

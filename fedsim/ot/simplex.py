@@ -18,8 +18,11 @@ def project_simplex(v: torch.Tensor, radius: float = 1.0) -> torch.Tensor:
     its own). With u = sort(v) descending and rho the largest j such that
     u_j - (sum_{r<=j} u_r - radius) / j > 0, the projection is
     max(v - theta, 0) with theta = (sum_{r<=rho} u_r - radius) / rho
-    (Duchi et al. 2008, Fig. 1). Dtype and device of ``v`` are kept
-    (integer input is cast to the default float dtype).
+    (Duchi et al. 2008, Fig. 1). The projection is computed in float64 and
+    renormalized there to sum to ``radius``, then cast back: a float32 input with
+    large entries (a big gradient step) would otherwise come back off the simplex
+    by its cancellation error. Dtype and device of ``v`` are kept (integer input
+    is cast to the default float dtype). A non-finite entry is a ValueError.
     """
     v = torch.as_tensor(v)
     if v.dim() not in (1, 2):
@@ -30,7 +33,8 @@ def project_simplex(v: torch.Tensor, radius: float = 1.0) -> torch.Tensor:
         raise ValueError(f"project_simplex radius must be positive, got {radius}")
     if not torch.is_floating_point(v):
         v = v.to(torch.get_default_dtype())
-    rows = v.unsqueeze(0) if v.dim() == 1 else v
+    check_finite(v, "project_simplex")
+    rows = (v.unsqueeze(0) if v.dim() == 1 else v).to(torch.float64)
     u, _ = torch.sort(rows, dim=-1, descending=True)
     css = torch.cumsum(u, dim=-1) - radius
     ind = torch.arange(1, rows.shape[-1] + 1, dtype=rows.dtype, device=rows.device)
@@ -38,4 +42,27 @@ def project_simplex(v: torch.Tensor, radius: float = 1.0) -> torch.Tensor:
     rho = cond.sum(dim=-1, keepdim=True) - 1
     theta = css.gather(-1, rho) / (rho + 1).to(rows.dtype)
     w = torch.clamp(rows - theta, min=0)
+    w = (w * (radius / w.sum(dim=-1, keepdim=True))).to(v.dtype)
     return w.squeeze(0) if v.dim() == 1 else w
+
+
+def check_finite(v: torch.Tensor, what: str) -> None:
+    """A ValueError naming the cause when ``v`` holds nan or inf (values a diverged computation produced)."""
+    if not bool(torch.isfinite(v).all()):
+        raise ValueError(
+            f"{what} got non-finite values ({v.detach().flatten()[:8].tolist()}): the computation that produced them "
+            "diverged (e.g. a gradient step whose learning rate is too high)"
+        )
+
+
+def renormalized(w: torch.Tensor) -> torch.Tensor:
+    """Weights the code computed (e.g. a float32 projection on the simplex), rescaled in float64 to sum to 1.
+
+    For values whose sum is off by rounding only, not for user input (which ``check_weights`` validates). The value
+    is ``w / sum(w)``; the gradient passes through as if it were ``w`` (the step before is unchanged)."""
+    check_finite(w, "renormalized")
+    total = w.detach().to(torch.float64).sum()
+    if not total > 0:
+        raise ValueError(f"weights summing to {float(total):.3g} cannot be renormalized: they must sum to about 1")
+    exact = (w.detach().to(torch.float64) / total).to(w.dtype)
+    return w + (exact - w.detach())

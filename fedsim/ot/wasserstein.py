@@ -5,13 +5,17 @@ through Dataset Dictionary Learning in Wasserstein Space", Eq. 4):
 
     C_ij = ||x_i - x'_j||^2 + beta * ||y_i - y'_j||^2
 
-(feature term only when labels are absent, e.g. the unlabeled target). The
+(feature term only when labels are absent, e.g. the unlabeled target); ``beta=None``
+is the rule of the DaDiL authors' ``JointWassersteinDistance``: beta = max C^X / max C^Y
+over the pair, so both terms peak alike (0 when every label cost is 0). The
 transport plan is solved by POT (``ot.emd`` / ``ot.sinkhorn``) on a detached
 cost; the value <pi*, C> stays differentiable in the samples, which by the
 envelope theorem is a (sub)gradient of W_2^2 -- the way DaDiL optimizes atoms.
 """
 
 from __future__ import annotations
+
+from typing import Optional
 
 import ot
 import torch
@@ -79,19 +83,27 @@ def _check_solver(solver: str, reg: float) -> None:
         raise ValueError(f"reg must be positive for solver {solver!r}, got {reg}")
 
 
-def joint_cost(xs: torch.Tensor, xt: torch.Tensor, ys=None, yt=None, beta: float = 1.0) -> torch.Tensor:
+def joint_cost(xs: torch.Tensor, xt: torch.Tensor, ys=None, yt=None, beta: Optional[float] = 1.0) -> torch.Tensor:
     """Ground cost C_ij = ||x_i - x'_j||^2 + beta ||y_i - y'_j||^2 (DaDiL, Eq. 4).
 
-    The label term is added only when both ``ys`` and ``yt`` are given.
-    Differentiable in all inputs; returns an (n_s, n_t) tensor.
+    The label term is added only when both ``ys`` and ``yt`` are given; ``beta=None`` weighs it by
+    :func:`relative_label_weight`. Differentiable in all inputs; returns an (n_s, n_t) tensor.
     """
     _check_pair(xs, xt, ys, yt)
-    if beta < 0:
-        raise ValueError(f"beta must be >= 0, got {beta}")
+    if beta is not None and beta < 0:
+        raise ValueError(f"beta must be >= 0 or None, got {beta}")
     cost = ot.dist(xs, xt, metric="sqeuclidean")
-    if ys is not None and beta != 0:
-        cost = cost + beta * ot.dist(ys, yt, metric="sqeuclidean")
-    return cost
+    if ys is None or beta == 0:
+        return cost
+    labels = ot.dist(ys, yt, metric="sqeuclidean")
+    weight = relative_label_weight(cost, labels) if beta is None else beta
+    return cost + weight * labels
+
+
+def relative_label_weight(feature_cost: torch.Tensor, label_cost: torch.Tensor) -> float:
+    """max C^X / max C^Y (detached), 0 when every label cost is 0: the DaDiL authors' default label weight."""
+    top = float(label_cost.detach().max())
+    return float(feature_cost.detach().max()) / top if top > 0 else 0.0
 
 
 def transport_plan(
@@ -153,7 +165,7 @@ def wasserstein_distance(
     yt=None,
     a=None,
     b=None,
-    beta: float = 1.0,
+    beta: Optional[float] = 1.0,
     solver: str = "emd",
     reg: float = 0.01,
     normalize_cost: bool = True,

@@ -1,4 +1,4 @@
-"""Dataset dictionary learning (DaDiL): the atoms, the loss, the predictors, shared by ``feddadil`` and ``dadil``.
+"""Dataset dictionary learning (DaDiL): the atoms, the loss, the drift, shared by ``feddadil`` and ``dadil``.
 
 Montesuma, Mboula, Souloumiac, "Multi-Source Domain Adaptation through Dataset
 Dictionary Learning in Wasserstein Space", ECAI 2023 (DaDiL); federated form:
@@ -11,9 +11,9 @@ and the loss of one mini-batch is (DaDiL Eq. 9)
 
     W_c(Q_l, B(alpha_l; P)),  c((x, y), (x', y')) = ||x - x'||^2 + beta ||y - y'||^2
 
-for a labeled domain, and the feature-only W_2 for the unlabeled target. Predictions on a
-domain: DaDiL-R (a classifier trained on the reconstruction B(alpha_l; P)) and DaDiL-E
-(per-atom classifiers weighted by alpha_l).
+for a labeled domain, and the feature-only W_2 for the unlabeled target. Mini-batch sampling lives in
+:mod:`~fedsim.methods.common.dictionary_sampling`, the DaDiL-R / DaDiL-E predictors in
+:mod:`~fedsim.methods.common.dictionary_predictors`.
 """
 
 from __future__ import annotations
@@ -27,55 +27,79 @@ from torch import nn
 
 from fedsim.errors import UserError
 from fedsim.ot.barycenter import labeled_barycenter
-from fedsim.ot.simplex import project_simplex
+from fedsim.ot.simplex import project_simplex, renormalized
 from fedsim.ot.wasserstein import SOLVERS, wasserstein_distance
 from fedsim.seeding import derive_seed
+
+EXCHANGES = ("minibatch", "full")
+AGGREGATIONS = ("random", "avg", "wbary")
+#: label logit of an atom row's class at initialization (the rest 0): the authors' servers start the label logits
+#: as one-hot rows (DaDiLServer.initialize_params)
+INIT_LOGIT = 1.0
 
 
 @dataclass(frozen=True)
 class DictionaryParams:
-    """Parameters shared by FedDaDiL and DaDiL (names follow the papers)."""
+    """FedDaDiL's parameters (DaDiL's in :class:`CentralizedDictionaryParams`). "The code" is the authors' federated
+    PyDiL code: ``DaDiLServer``, ``DaDiLClient``, ``parse_args_fed_dadil``, the ICASSP Caltech-Office script.
 
-    num_atoms: int = 0  # K; 0 = one atom per domain (the papers' usual choice)
-    samples_per_atom: int = 500  # n (the authors' PyDiL federated example)
-    # optimizer and aggregation: PyDiL federated client (SGD with momentum); lr_atoms a rule on the sources
-    optimizer: str = "sgd"  # "sgd" (with method.momentum) or "adam"
-    lr_atoms: float = 10.0  # step on atom features (and label logits unless lr_labels is set)
-    lr_labels: float = 1.4  # step on the atoms' label logits (0 = lr_atoms); a rule on the sources' gradients
-    lr_alpha: float = 0.01  # step on barycentric coordinates, then projection on the simplex
-    beta: float = 0.0  # label-cost weight; 0 = the largest feature cost of the batch (PyDiL's rule)
-    aggregation: str = "avg"  # "avg" (mean of the versions) or "random" (one client's version); both PyDiL's
-    solver: str = "emd"  # "emd" (exact), "sinkhorn", "sinkhorn_log"
-    reg: float = 0.01  # entropic regularization (on a max-normalized cost) for sinkhorn solvers
-    barycenter_iterations: int = 5
+    - ``exchange``: ``minibatch`` (each round one class-balanced batch of n_b rows per atom, drawn with replacement,
+      travels; the aggregate is written back into those rows: ``DaDiLServer.federated_fit``, the paper's "it only
+      communicates mini-batches") or ``full`` (the whole dictionary travels and each client sweeps it in n // n_b
+      mini-batches per epoch: ``federated_full_fit``).
+    - ``aggregation``: ``random`` (one client's version: the paper's rule and the code's default), ``avg`` (their
+      mean), ``wbary`` (per atom, a Wasserstein barycenter of the versions); the three rules of ``DaDiLServer``.
+    """
+
+    num_atoms: int = 5  # K: parse_args_fed_dadil n_components; 0 = one atom per domain
+    samples_per_atom: int = 500  # n: parse_args_fed_dadil n_samples
+    exchange: str = "minibatch"  # "minibatch" | "full" (above)
+    aggregation: str = "random"  # "random" | "avg" | "wbary" (above)
+    optimizer: str = "sgd"  # parse_args_fed_dadil optimizer ("sgd" with method.momentum, or "adam")
+    lr_atoms: float = 1e-2  # parse_args_fed_dadil lr, on the atoms' features
+    lr_labels: float = 0.0  # 0 = lr_atoms: DaDiLClient steps features and label logits at one lr
+    lr_alpha: float = 1e-2  # DaDiLClient: lr_weights None = lr
+    beta: float = 0.0  # label weight; 0 = the code's rules (JointWassersteinDistance, wasserstein_barycenter)
+    solver: str = "emd"  # "emd" (exact, the code's), "sinkhorn", "sinkhorn_log"
+    reg: float = 0.01  # entropic regularization (on a max-normalized cost) for the sinkhorn solvers only
+    barycenter_iterations: int = (
+        100  # at most, in training: wasserstein_barycenter's n_iter_max, as DaDiLClient calls it
+    )
+    eval_barycenter_iterations: int = 10  # at most, for DaDiL-R: the Caltech-Office and CWRU scripts' n_iter_max
+    barycenter_tol: float = 1e-9  # fixed point: squared move of the support below it (the code's tol, on its loss)
     encoder_rounds: int = -1  # FedAvg rounds that train an encoder first; -1 = 0 for vectors, 5 for images
-    classifier_steps: int = 300  # full-batch Adam steps of the DaDiL-R / DaDiL-E classifiers
-    classifier_hidden: int = 64  # 0 = linear classifier
+    classifier_epochs: int = 100  # DaDiL-R / -E nets: the Caltech-Office script's epochs
+    classifier_steps: int = 0  # > 0: that many mini-batch steps instead of classifier_epochs (short runs, tests)
+    classifier_batch: int = 128  # the Caltech-Office script
+    classifier_lr: float = 1e-3  # SGD, momentum 0.9: the Caltech-Office script
+    classifier_l2: float = 1e-2  # weight decay: the Caltech-Office script (its CWRU script: 0)
+    classifier_hidden: int = 0  # 0 = one linear layer, the code's ShallowNeuralNet
 
     def __post_init__(self):
-        if self.aggregation not in ("random", "avg"):
-            raise UserError(f"method.aggregation must be 'random' or 'avg', got {self.aggregation!r}")
-        if self.optimizer not in ("sgd", "adam"):
-            raise UserError(f"method.optimizer must be 'sgd' or 'adam', got {self.optimizer!r}")
+        for name, allowed in (("exchange", EXCHANGES), ("aggregation", AGGREGATIONS), ("optimizer", ("sgd", "adam"))):
+            if getattr(self, name) not in allowed:
+                names = " | ".join(allowed)
+                raise UserError(f"method.{name} must be one of {names}, got {getattr(self, name)!r}")
         if self.solver not in SOLVERS:
             raise UserError(f"method.solver must be 'emd', 'sinkhorn' or 'sinkhorn_log', got {self.solver!r}")
-        for name in ("samples_per_atom", "barycenter_iterations", "classifier_steps"):
+        positive = ("samples_per_atom", "barycenter_iterations", "eval_barycenter_iterations", "classifier_batch")
+        for name in positive + ("classifier_epochs", "barycenter_tol", "classifier_lr"):
             if getattr(self, name) <= 0:
                 raise UserError(f"method.{name} must be positive, got {getattr(self, name)}")
-        if self.lr_labels < 0:
-            raise UserError(f"method.lr_labels must be 0 (= lr_atoms) or positive, got {self.lr_labels}")
+        if self.lr_labels < 0 or self.classifier_steps < 0 or self.classifier_l2 < 0 or self.beta < 0:
+            raise UserError("method.lr_labels, classifier_steps, classifier_l2 and beta must be >= 0 (0: the default)")
         if self.num_atoms < 0 or self.lr_atoms <= 0 or self.lr_alpha <= 0 or self.reg <= 0:
             raise UserError("method.num_atoms must be >= 0 and method.lr_atoms, lr_alpha, reg must be positive")
 
 
 @dataclass(frozen=True)
 class CentralizedDictionaryParams(DictionaryParams):
-    """DaDiL's (centralized) defaults: Adam, as PyDiL's centralized dictionary (one optimizer sees the sum of every
-    domain's loss); lr_atoms from a rule on the sources' DiL loss."""
+    """DaDiL's (centralized) defaults: the authors' ``parse_args_dadil`` (Adam, lr 1e-1) and their
+    ``LabeledEmpiricalDictionary`` (one Adam over features, label logits and alpha, all at that lr)."""
 
     optimizer: str = "adam"
-    lr_atoms: float = 0.3
-    lr_labels: float = 0.0  # = lr_atoms: Adam moves every entry by about its lr whatever the gradient's scale
+    lr_atoms: float = 0.1
+    lr_alpha: float = 0.1
 
 
 def check_batch_size(p: DictionaryParams, batch_size: int) -> None:
@@ -91,7 +115,7 @@ def num_atoms(p: DictionaryParams, num_domains: int) -> int:
 
 
 def init_atoms(k: int, n: int, dim: int, classes: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """Atoms drawn from N(0, I) with balanced classes (label logits favour each sample's class).
+    """Atoms drawn from N(0, I) with balanced classes (label logits INIT_LOGIT on each row's class, as the code).
 
     Data-independent on purpose: the server never sees client data.
     """
@@ -99,7 +123,7 @@ def init_atoms(k: int, n: int, dim: int, classes: int, seed: int) -> tuple[np.nd
     x = rng.normal(size=(k, n, dim)).astype(np.float32)
     labels = np.stack([rng.permutation(np.arange(n) % classes) for _ in range(k)])
     logits = np.zeros((k, n, classes), np.float32)
-    np.put_along_axis(logits, labels[..., None], 3.0, axis=2)
+    np.put_along_axis(logits, labels[..., None], INIT_LOGIT, axis=2)
     return x, logits
 
 
@@ -110,19 +134,19 @@ def initial_dictionary(p: DictionaryParams, k: int, dim: int, classes: int, root
 
 
 def atom_tensors(state: dict) -> dict[str, np.ndarray]:
-    """The whole dictionary as named tensors (what the server sends)."""
+    """The whole dictionary as named tensors."""
     return {"atoms_x": state["atoms_x"], "atoms_logits": state["atoms_logits"]}
 
 
 def atom_minibatches(k: int, n: int, batch_size: int, generator: torch.Generator) -> list[torch.Tensor]:
     """One pass over the atoms: n // batch_size index sets of shape (k, batch_size), each atom's rows drawn
-    without replacement from its own permutation (DaDiL Alg. 2 samples every atom independently)."""
+    without replacement from its own permutation (the ``full`` exchange's sweep)."""
     perms = torch.stack([torch.randperm(n, generator=generator) for _ in range(k)])
     return [perms[:, i * batch_size : (i + 1) * batch_size] for i in range(max(n // batch_size, 1))]
 
 
 def data_minibatch(count: int, batch_size: int, generator: torch.Generator) -> torch.Tensor:
-    """A random mini-batch of a domain's samples (all of them when it has fewer than batch_size)."""
+    """A random mini-batch of a domain's samples, without replacement (all of them when it has fewer)."""
     return torch.randperm(count, generator=generator)[:batch_size]
 
 
@@ -133,7 +157,7 @@ def gather_atoms(atoms_x: torch.Tensor, atoms_logits: torch.Tensor, idx: torch.T
 
 
 def make_optimizer(p: DictionaryParams, momentum: float, atoms: list, alphas: list) -> torch.optim.Optimizer:
-    """SGD with the common ``method.momentum`` (default 0.9, PyDiL's example) or Adam, one lr per group."""
+    """SGD with the common ``method.momentum`` (0.9, the code's) or Adam, one lr per group."""
     atoms_x, atoms_logits = atoms
     groups = [
         {"params": [atoms_x], "lr": p.lr_atoms},
@@ -145,37 +169,77 @@ def make_optimizer(p: DictionaryParams, momentum: float, atoms: list, alphas: li
     return torch.optim.SGD(groups, momentum=momentum)
 
 
-def step_touched(optimizer: torch.optim.Optimizer, atoms: list, touched: torch.Tensor) -> None:
-    """An optimizer step that changes only the atom rows ``touched`` (mask of shape (K, n)): momentum or
-    Adam state would otherwise move rows that no loss of this step sampled."""
-    before = [a.detach().clone() for a in atoms]
-    optimizer.step()
-    with torch.no_grad():
-        for atom, old in zip(atoms, before):
-            atom[~touched] = old[~touched]
+def label_weight(p: DictionaryParams) -> Optional[float]:
+    """``beta`` when set; None selects the code's rules in :mod:`fedsim.ot` (max C^X / max C^Y in the loss, the
+    largest feature cost per atom in the barycenter)."""
+    return p.beta if p.beta > 0 else None
 
 
-def label_weight(p: DictionaryParams, xa: torch.Tensor, xb: torch.Tensor) -> float:
-    if p.beta > 0:
-        return p.beta
-    return float(torch.cdist(xa.detach(), xb.detach()).pow(2).max().clamp_min(1e-12))
+def random_support(soft_labels: torch.Tensor, alpha: torch.Tensor, dim: int, generator: torch.Generator):
+    """The barycenter's starting support, as the code's: N(0, I) features, one-hot labels drawn from the
+    alpha-weighted class frequencies of the atoms' hard labels."""
+    k, n, classes = soft_labels.shape
+    hard = nn.functional.one_hot(soft_labels.detach().argmax(-1), classes).to(torch.float64).mean(1)
+    frequencies = (alpha.detach().to(torch.float64) @ hard).clamp_min(0)
+    drawn = torch.multinomial(frequencies / frequencies.sum(), n, replacement=True, generator=generator)
+    features = torch.randn(n, dim, generator=generator, dtype=soft_labels.dtype)
+    return features, nn.functional.one_hot(drawn, classes).to(soft_labels.dtype)
 
 
-def barycenter(atoms_x: torch.Tensor, atoms_logits: torch.Tensor, alpha: torch.Tensor, p: DictionaryParams):
-    """B(alpha; P) with the atoms' soft labels carried along (support = atoms' size)."""
+def barycenter(
+    atoms_x, atoms_logits, alpha, p: DictionaryParams, generator: Optional[torch.Generator] = None, iterations=None
+):
+    """B(alpha; P) with the atoms' soft labels carried along (support: the atoms' size), by fixed-point iterations
+    from a random support until the support moves less than ``barycenter_tol`` (at most ``iterations``, default
+    ``barycenter_iterations``). ``alpha`` was computed (a projection on the simplex): renormalized in float64."""
     soft = torch.softmax(atoms_logits, dim=-1)
-    beta = label_weight(p, atoms_x[0], atoms_x[-1])
+    weights = renormalized(alpha)
+    generator = generator or torch.Generator().manual_seed(0)
+    init = random_support(soft, weights, atoms_x.shape[-1], generator)
     return labeled_barycenter(
-        list(atoms_x), list(soft), alpha, n_iter=p.barycenter_iterations, beta=beta, solver=p.solver, reg=p.reg
+        list(atoms_x),
+        list(soft),
+        weights,
+        n_iter=iterations or p.barycenter_iterations,
+        tol=p.barycenter_tol,
+        beta=label_weight(p),
+        solver=p.solver,
+        reg=p.reg,
+        init=init,
     )
 
 
-def dil_loss(atoms_x, atoms_logits, alpha, x, y_onehot: Optional[torch.Tensor], p: DictionaryParams) -> torch.Tensor:
+def dil_loss(
+    atoms_x, atoms_logits, alpha, x, y_onehot: Optional[torch.Tensor], p: DictionaryParams, generator=None
+) -> torch.Tensor:
     """One domain's mini-batch loss: W_c to its barycenter (features only when y is None)."""
-    xb, yb = barycenter(atoms_x, atoms_logits, alpha, p)
+    xb, yb = barycenter(atoms_x, atoms_logits, alpha, p, generator)
     if y_onehot is None:
         return wasserstein_distance(x, xb, solver=p.solver, reg=p.reg)
-    return wasserstein_distance(x, xb, y_onehot, yb, beta=label_weight(p, x, xb), solver=p.solver, reg=p.reg)
+    return wasserstein_distance(x, xb, y_onehot, yb, beta=label_weight(p), solver=p.solver, reg=p.reg)
+
+
+def dil_step(optimizer: torch.optim.Optimizer, loss: torch.Tensor, atoms: list, alphas: list) -> None:
+    """One projected gradient step on ``loss``; a loss, atom or alpha that is no longer finite stops the run with
+    its cause (a diverged step), not an error deep inside OT or the projection."""
+    if not bool(torch.isfinite(loss)):
+        raise UserError(diverged_message("the DiL loss", loss))
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    optimizer.step()
+    for atom in atoms:
+        if not bool(torch.isfinite(atom).all()):
+            raise UserError(diverged_message("an atom", atom))
+    for alpha in alphas:
+        project_alpha(alpha)
+
+
+def diverged_message(what: str, value: torch.Tensor) -> str:
+    shown = value.detach().flatten()[:5].tolist()
+    return (
+        f"{what} is no longer finite ({shown}): the dictionary's gradient step diverged; lower method.lr_atoms, "
+        "method.lr_labels or method.lr_alpha"
+    )
 
 
 def one_hot_labels(y: Optional[np.ndarray], classes: int) -> Optional[torch.Tensor]:
@@ -193,82 +257,34 @@ def trainable_atoms(atoms_x: np.ndarray, atoms_logits: np.ndarray):
 def project_alpha(alpha: torch.Tensor) -> None:
     """Project the barycentric coordinates back on the simplex after a gradient step (in place)."""
     with torch.no_grad():
+        if not bool(torch.isfinite(alpha).all()):
+            raise UserError(diverged_message("alpha", alpha))
         alpha.copy_(project_simplex(alpha))
 
 
-def _atoms_distance(a, b, p: DictionaryParams) -> float:
-    """Mean over atoms k of W_c(P_k^a, P_k^b) under the joint cost (features, softmax labels)."""
-    xa, la = (torch.as_tensor(np.asarray(t)) for t in a)
-    xb, lb = (torch.as_tensor(np.asarray(t)) for t in b)
+def atoms_distance(a, b, p: DictionaryParams) -> float:
+    """Mean over atoms k of W_c(P_k^a, P_k^b) under the joint cost (features, softmax labels; the loss's beta)."""
+    xa, la = (torch.tensor(np.asarray(t)) for t in a)
+    xb, lb = (torch.tensor(np.asarray(t)) for t in b)
     total = 0.0
     for k in range(xa.shape[0]):
-        beta = label_weight(p, xa[k], xb[k])
-        total += float(
-            wasserstein_distance(xa[k], xb[k], torch.softmax(la[k], -1), torch.softmax(lb[k], -1), beta=beta)
-        )
+        soft_a, soft_b = torch.softmax(la[k], -1), torch.softmax(lb[k], -1)
+        total += float(wasserstein_distance(xa[k], xb[k], soft_a, soft_b, beta=label_weight(p)))
     return total / xa.shape[0]
 
 
+def client_drift(versions: dict, start, p: DictionaryParams) -> dict[str, float]:
+    """Each client's drift: mean over atoms k of W_c(P_k^(i), P_k^start), its version against the rows the round
+    started from (the batch rows sent, or the whole dictionary with the ``full`` exchange)."""
+    return {str(cid): atoms_distance(v, start, p) for cid, v in versions.items()}
+
+
 def atom_drift(versions: list, start, p: DictionaryParams) -> float:
-    """Drift from the round's start: mean over clients i and atoms k of W_c(P_k^(i), P_k^global), the
-    global atoms the round began with. 0 when no client moved them."""
-    return float(np.mean([_atoms_distance(v, start, p) for v in versions])) if versions else 0.0
+    """Mean over the round's clients of :func:`client_drift`; 0 when no client moved the atoms."""
+    return float(np.mean([atoms_distance(v, start, p) for v in versions])) if versions else 0.0
 
 
 def atom_dispersion(versions: list, p: DictionaryParams) -> float:
     """Pairwise dispersion of the client versions: mean over pairs (i, j) and atoms k of W_c(P_k^(i), P_k^(j))."""
     pairs = [(i, j) for i in range(len(versions)) for j in range(i + 1, len(versions))]
-    return float(np.mean([_atoms_distance(versions[i], versions[j], p) for i, j in pairs])) if pairs else 0.0
-
-
-def fit_classifier(x: torch.Tensor, y_soft: torch.Tensor, p: DictionaryParams, seed: int) -> nn.Module:
-    """A small classifier trained full-batch on soft labels (cross-entropy to the label distribution)."""
-    torch.manual_seed(seed)
-    dim, classes = x.shape[1], y_soft.shape[1]
-    if p.classifier_hidden > 0:
-        model = nn.Sequential(nn.Linear(dim, p.classifier_hidden), nn.ReLU(), nn.Linear(p.classifier_hidden, classes))
-    else:
-        model = nn.Linear(dim, classes)
-    optimizer = torch.optim.Adam(model.parameters(), lr=0.01)
-    x, y_soft = x.detach(), y_soft.detach()
-    for _ in range(p.classifier_steps):
-        optimizer.zero_grad(set_to_none=True)
-        loss = -(y_soft * torch.log_softmax(model(x), dim=1)).sum(1).mean()
-        loss.backward()
-        optimizer.step()
-    return model.eval()
-
-
-@torch.no_grad()
-def predict_reconstruction(atoms_x, atoms_logits, alpha, x_test, p: DictionaryParams, seed: int) -> torch.Tensor:
-    """DaDiL-R: a classifier trained on the labeled reconstruction B(alpha; P), applied to x_test."""
-    with torch.enable_grad():
-        xb, yb = barycenter(atoms_x, atoms_logits, alpha, p)
-        model = fit_classifier(xb, yb, p, seed)
-    return model(x_test).argmax(1)
-
-
-@torch.no_grad()
-def predict_ensemble(atoms_x, atoms_logits, alpha, x_test, p: DictionaryParams, seed: int) -> torch.Tensor:
-    """DaDiL-E: per-atom classifiers, their class probabilities weighted by alpha.
-
-    Each h_k is applied off its own atom's cloud: it needs atoms near the domain (docs/feddadil.md, "DaDiL-E")."""
-    probabilities = 0.0
-    for k in range(atoms_x.shape[0]):
-        with torch.enable_grad():
-            model = fit_classifier(atoms_x[k], torch.softmax(atoms_logits[k], -1), p, seed + k)
-        probabilities = probabilities + alpha[k] * torch.softmax(model(x_test), 1)
-    return probabilities.argmax(1)
-
-
-def evaluate_predictors(
-    tensors, alpha: torch.Tensor, test_x: torch.Tensor, test_y: np.ndarray, p: DictionaryParams, seed: int
-) -> dict:
-    """Correct counts of DaDiL-R (``correct``) and DaDiL-E (``correct_E``) on one domain's test features."""
-    atoms_x = torch.tensor(np.asarray(tensors["atoms_x"]))
-    atoms_logits = torch.tensor(np.asarray(tensors["atoms_logits"]))
-    seed = seed % (1 << 31)
-    y = torch.from_numpy(test_y)
-    pred_r = predict_reconstruction(atoms_x, atoms_logits, alpha, test_x, p, seed)
-    pred_e = predict_ensemble(atoms_x, atoms_logits, alpha, test_x, p, seed)
-    return {"correct": float((pred_r == y).sum()), "total": float(len(y)), "correct_E": float((pred_e == y).sum())}
+    return float(np.mean([atoms_distance(versions[i], versions[j], p) for i, j in pairs])) if pairs else 0.0

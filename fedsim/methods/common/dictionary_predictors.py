@@ -1,0 +1,84 @@
+"""The DaDiL-R and DaDiL-E predictors of a dataset dictionary, trained as the authors train them.
+
+DaDiL-R: one net trained on the domain's labeled reconstruction B(alpha; P) (n rows); DaDiL-E: one net per atom,
+their outputs weighted by alpha. The net, its optimizer and its schedule are those of the authors' ICASSP
+Caltech-Office script: their ``ShallowNeuralNet`` (one linear layer, cross-entropy to the soft labels' argmax),
+SGD lr 1e-3, momentum 0.9, L2 penalty 1e-2, 100 epochs of shuffled mini-batches of 128 (``DictionaryParams``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import nn
+
+from fedsim.methods.common.dictionary import DictionaryParams, barycenter
+
+#: momentum of the predictors' SGD (the authors' scripts)
+CLASSIFIER_MOMENTUM = 0.9
+
+
+def _network(dim: int, classes: int, hidden: int) -> nn.Module:
+    if hidden > 0:
+        return nn.Sequential(nn.Linear(dim, hidden), nn.ReLU(), nn.Linear(hidden, classes))
+    return nn.Linear(dim, classes)
+
+
+def fit_classifier(x: torch.Tensor, y_soft: torch.Tensor, p: DictionaryParams, seed: int) -> nn.Module:
+    """A net trained on (x, argmax y_soft) by SGD on shuffled mini-batches: ``classifier_epochs`` epochs, or
+    ``classifier_steps`` steps when that is set."""
+    torch.manual_seed(seed)
+    model = _network(x.shape[1], y_soft.shape[1], p.classifier_hidden)
+    optimizer = torch.optim.SGD(
+        model.parameters(), lr=p.classifier_lr, momentum=CLASSIFIER_MOMENTUM, weight_decay=p.classifier_l2
+    )
+    x, targets = x.detach(), y_soft.detach().argmax(1)
+    generator = torch.Generator().manual_seed(seed)
+    steps, epoch = 0, 0
+    while p.classifier_steps or epoch < p.classifier_epochs:
+        order = torch.randperm(len(x), generator=generator)
+        for start in range(0, len(x), p.classifier_batch):
+            rows = order[start : start + p.classifier_batch]
+            optimizer.zero_grad(set_to_none=True)
+            nn.functional.cross_entropy(model(x[rows]), targets[rows]).backward()
+            optimizer.step()
+            steps += 1
+            if p.classifier_steps and steps >= p.classifier_steps:
+                return model.eval()
+        epoch += 1
+    return model.eval()
+
+
+@torch.no_grad()
+def predict_reconstruction(atoms_x, atoms_logits, alpha, x_test, p: DictionaryParams, seed: int) -> torch.Tensor:
+    """DaDiL-R: a net trained on the labeled reconstruction B(alpha; P) (at most ``eval_barycenter_iterations``
+    fixed-point iterations), applied to x_test."""
+    with torch.enable_grad():
+        generator = torch.Generator().manual_seed(seed)
+        xb, yb = barycenter(atoms_x, atoms_logits, alpha, p, generator, iterations=p.eval_barycenter_iterations)
+        model = fit_classifier(xb, yb, p, seed)
+    return model(x_test).argmax(1)
+
+
+@torch.no_grad()
+def predict_ensemble(atoms_x, atoms_logits, alpha, x_test, p: DictionaryParams, seed: int) -> torch.Tensor:
+    """DaDiL-E: one net per atom, their outputs (logits, as the authors' scripts weigh them) weighted by alpha."""
+    scores = 0.0
+    for k in range(atoms_x.shape[0]):
+        with torch.enable_grad():
+            model = fit_classifier(atoms_x[k], torch.softmax(atoms_logits[k], -1), p, seed + k)
+        scores = scores + alpha[k] * model(x_test)
+    return scores.argmax(1)
+
+
+def evaluate_predictors(
+    tensors, alpha: torch.Tensor, test_x: torch.Tensor, test_y: np.ndarray, p: DictionaryParams, seed: int
+) -> dict:
+    """Correct counts of DaDiL-R (``correct``) and DaDiL-E (``correct_E``) on one domain's test features."""
+    atoms_x = torch.tensor(np.asarray(tensors["atoms_x"]))
+    atoms_logits = torch.tensor(np.asarray(tensors["atoms_logits"]))
+    seed = seed % (1 << 31)
+    y = torch.from_numpy(test_y)
+    pred_r = predict_reconstruction(atoms_x, atoms_logits, alpha, test_x, p, seed)
+    pred_e = predict_ensemble(atoms_x, atoms_logits, alpha, test_x, p, seed)
+    return {"correct": float((pred_r == y).sum()), "total": float(len(y)), "correct_E": float((pred_e == y).sum())}
