@@ -1,5 +1,6 @@
-"""FedDaDiL and centralized DaDiL: alpha stays private, aggregation follows the paper's rule, the encoder
-stage standardizes from client sums, DaDiL's alphas live in the server state, both backends agree."""
+"""FedDaDiL and centralized DaDiL: one class-balanced atom batch per round written back into its rows, random
+aggregation, a fresh client optimizer, alpha stays private, the encoder stage standardizes from client sums,
+DaDiL's alphas live in the server state, both backends agree."""
 
 import numpy as np
 import pytest
@@ -12,6 +13,7 @@ from fedsim.data.normalization import feature_stats, mean_std
 from fedsim.data.scenario import build_federation, load_client_data
 from fedsim.errors import UserError
 from fedsim.methods.common import dictionary as dil
+from fedsim.methods.common import dictionary_sampling as sampling
 from fedsim.methods.common.training import load_numpy
 from fedsim.methods.dadil import DaDiL
 from fedsim.methods.feddadil import FedDaDiL
@@ -67,27 +69,144 @@ def test_alpha_is_learned_and_never_sent(toy_overrides):
                 assert set(reply.tensors) <= {"atoms_x", "atoms_logits"}
                 for tensor in reply.tensors.values():
                     assert tensor.shape != tuple(alpha.shape)
-                    assert not np.isin(alpha.numpy(), np.asarray(tensor)).all()
+                    inner = alpha.numpy()[(alpha.numpy() > 0) & (alpha.numpy() < 1)]  # a vertex's 0 and 1 are common
+                    assert not inner.size or not np.isin(inner, np.asarray(tensor)).all()
 
 
-def test_random_aggregation_keeps_one_client_version(toy_overrides):
-    server, executor, _ = _server(toy_overrides + SMALL + ["method.aggregation=random"])
-    server.run_round(1, evaluate=False)
-    instructions, replies = executor.calls[-1]
-    kept = server.state["atoms_x"]
-    assert kept.shape[1] == 40  # the whole dictionary travels (PyDiL's client update)
-    matches = [cid for cid, r in replies.items() if np.array_equal(r.tensors["atoms_x"], kept)]
+def _round_with_batch(overrides, rnd=1):
+    """Run dictionary round ``rnd`` (after rounds 1..rnd-1); return the server, executor, the state before it and
+    the atom rows it exchanged (the server's draw, a function of the seed and the round)."""
+    server, executor, federation = _server(overrides)
+    for earlier in range(1, rnd):
+        server.run_round(earlier, evaluate=False)
+    before = {k: np.array(v) for k, v in server.state.items() if k.startswith("atoms")}
+    _, rows = server.method.atom_batch(rnd, before)
+    metrics = server.run_round(rnd, evaluate=False)
+    return server, executor, federation, before, rows, metrics
+
+
+def _written_back(before, rows, version):
+    x, logits = before["atoms_x"].copy(), before["atoms_logits"].copy()
+    where = (np.arange(len(x))[:, None], rows)
+    x[where], logits[where] = version
+    return x, logits
+
+
+def test_every_client_receives_the_same_class_balanced_atom_rows(toy_overrides):
+    server, executor, federation, before, rows, _ = _round_with_batch(toy_overrides + SMALL)
+    instructions, _ = executor.calls[-1]
+    assert set(instructions) == set(federation.client_ids)
+    assert len({id(ins.tensors) for ins in instructions.values()}) == 1  # one payload, serialized once
+    sent = next(iter(instructions.values())).tensors
+    k, classes, per_class = 5, federation.num_classes, 20 // federation.num_classes
+    assert rows.shape == (k, classes * per_class) and sent["atoms_x"].shape == (k, classes * per_class, 8)
+    where = (np.arange(k)[:, None], rows)
+    np.testing.assert_array_equal(sent["atoms_x"], before["atoms_x"][where])
+    np.testing.assert_array_equal(sent["atoms_logits"], before["atoms_logits"][where])
+    for atom in sent["atoms_logits"]:  # class-balanced by the atoms' hard labels
+        np.testing.assert_array_equal(np.bincount(atom.argmax(-1), minlength=classes), [per_class] * classes)
+
+
+@pytest.mark.parametrize("rnd", [1, 2])
+def test_random_aggregation_writes_one_clients_version_into_the_batch_rows_only(toy_overrides, rnd):
+    server, executor, _, before, rows, _ = _round_with_batch(toy_overrides + SMALL, rnd)
+    _, replies = executor.calls[-1]
+    after = server.state["atoms_x"], server.state["atoms_logits"]
+    outside = np.ones(after[0].shape[:2], bool)
+    outside[np.arange(len(rows))[:, None], rows] = False
+    assert outside.any()
+    for new, old in zip(after, (before["atoms_x"], before["atoms_logits"])):
+        np.testing.assert_array_equal(new[outside], old[outside])
+    matches = [
+        cid
+        for cid, r in replies.items()
+        if all(
+            np.array_equal(a, b)
+            for a, b in zip(after, _written_back(before, rows, (r.tensors["atoms_x"], r.tensors["atoms_logits"])))
+        )
+    ]
     assert len(matches) == 1
-    # every client got the same payload object (serialized once)
-    assert len({id(ins.tensors) for ins in instructions.values()}) == 1
 
 
 def test_average_aggregation(toy_overrides):
-    server, executor, _ = _server(toy_overrides + SMALL + ["method.aggregation=avg"])
-    server.run_round(1, evaluate=False)
+    server, executor, _, before, rows, _ = _round_with_batch(toy_overrides + SMALL + ["method.aggregation=avg"])
     _, replies = executor.calls[-1]
-    expected = np.mean([r.tensors["atoms_x"] for r in replies.values()], axis=0)
-    np.testing.assert_allclose(server.state["atoms_x"], expected, rtol=1e-6)
+    mean = tuple(np.mean([r.tensors[name] for r in replies.values()], axis=0) for name in ("atoms_x", "atoms_logits"))
+    expected = _written_back(before, rows, mean)
+    np.testing.assert_allclose(server.state["atoms_x"], expected[0], rtol=1e-6)
+    np.testing.assert_allclose(server.state["atoms_logits"], expected[1], rtol=1e-6)
+
+
+def test_barycentric_aggregation_and_the_full_exchange(toy_overrides):
+    server, _, _, before, rows, _ = _round_with_batch(toy_overrides + SMALL + ["method.aggregation=wbary"])
+    assert server.state["atoms_x"].shape == before["atoms_x"].shape and np.isfinite(server.state["atoms_x"]).all()
+    server, executor, _ = _server(toy_overrides + SMALL + ["method.exchange=full"])
+    server.run_round(1, evaluate=False)
+    instructions, replies = executor.calls[-1]
+    assert next(iter(instructions.values())).tensors["atoms_x"].shape == (5, 40, 8)  # the whole dictionary
+    kept = server.state["atoms_x"]
+    assert sum(np.array_equal(r.tensors["atoms_x"], kept) for r in replies.values()) == 1
+
+
+def test_a_clients_optimizer_holds_no_state_at_the_start_of_a_round(toy_overrides, monkeypatch):
+    """DaDiLClient.update_joint builds its optimizer on every call: no momentum crosses rounds."""
+    built = []
+    make = dil.make_optimizer
+
+    def record(*args):
+        optimizer = make(*args)
+        built.append((optimizer, len(optimizer.state)))
+        return optimizer
+
+    monkeypatch.setattr(dil, "make_optimizer", record)
+    server, executor, federation = _server(toy_overrides + SMALL)
+    server.run_round(1, evaluate=False)
+    server.run_round(2, evaluate=False)
+    assert len(built) == 2 * len(federation.client_ids)
+    assert len({id(optimizer) for optimizer, _ in built}) == len(built)
+    assert all(size == 0 for _, size in built)  # empty when the round starts
+    assert all(optimizer.state for optimizer, _ in built)  # momentum built up within the round
+    for cid in federation.client_ids:
+        assert "optimizer" not in executor.host.private_state(cid)
+
+
+def test_dictionary_round_bytes_are_k_batch_rows_each_way(toy_overrides):
+    server, _, federation, _, rows, metrics = _round_with_batch(toy_overrides + SMALL, rnd=2)
+    k, m = rows.shape
+    per_client = k * m * (8 + federation.num_classes) * 4  # float32 features and label logits
+    assert metrics["bytes_sent"] == per_client * len(federation.client_ids)
+    assert metrics["bytes_received"] == per_client * len(federation.client_ids)
+
+
+def test_defaults_are_the_authors(toy_root):
+    data = ["data.benchmark=npz", f"data.root={toy_root}", "data.target=dom1"]
+    config = load_config(None, data + ["method.name=feddadil"])
+    p = config.method.params
+    assert (config.run.rounds, config.method.batch_size, config.method.local_epochs, config.method.momentum) == (
+        50,
+        200,
+        5,
+        0.9,
+    )
+    assert (p.num_atoms, p.samples_per_atom, p.exchange, p.aggregation, p.optimizer) == (
+        5,
+        500,
+        "minibatch",
+        "random",
+        "sgd",
+    )
+    assert (p.lr_atoms, p.lr_labels or p.lr_atoms, p.lr_alpha) == (1e-2, 1e-2, 1e-2)
+    assert (p.classifier_epochs, p.classifier_batch, p.classifier_lr, p.classifier_l2) == (100, 128, 1e-3, 1e-2)
+    central = load_config(None, data + ["method.name=dadil"])
+    q = central.method.params
+    assert (central.run.rounds, central.method.local_epochs, q.num_atoms, q.optimizer, q.lr_atoms, q.lr_alpha) == (
+        40,
+        1,
+        5,
+        "adam",
+        0.1,
+        0.1,
+    )
 
 
 def test_round_metrics_and_both_predictors(toy_overrides):
@@ -96,6 +215,8 @@ def test_round_metrics_and_both_predictors(toy_overrides):
     assert metrics["stage"] == "dictionary"
     assert set(metrics["dil_loss"]) == {str(c) for c in federation.client_ids}
     assert metrics["atom_drift"] > 0 and metrics["atom_dispersion"] > 0
+    assert set(metrics["client_drift"]) == {str(c) for c in federation.client_ids}
+    assert metrics["atom_drift"] == pytest.approx(np.mean(list(metrics["client_drift"].values())))
     target = [r for cid, r in executor.calls[-1][1].items() if federation.info(cid).domain == federation.target]
     total = sum(r.metrics["total"] for r in target)
     assert metrics["target_accuracy"] == sum(r.metrics["correct"] for r in target) / total
@@ -129,53 +250,34 @@ def test_label_logits_step_with_lr_labels(optimizer):
         dil.DictionaryParams(lr_labels=-1.0)
 
 
-def test_client_optimizer_state_persists_across_rounds(toy_overrides):
-    """Adam counts its steps: 4 after two rounds of 2 steps shows the state was carried over (SGD's momentum
-    buffers travel the same way)."""
-    server, executor, federation = _server(toy_overrides + SMALL + ["method.optimizer=adam"])
+def test_dadil_draws_class_balanced_atom_batches_per_domain(toy_overrides, monkeypatch):
+    """The authors' centralized fit: each step every domain draws its own class-balanced atom batch; one Adam
+    (whose moments move rows no domain sampled in a step) updates the atoms."""
+    server, _, federation = _server(toy_overrides + SMALL + ["method.name=dadil", "method.batch_size=6"])
+    drawn = []
+    draw = sampling.balanced_atom_rows
+
+    def record(*args, **kwargs):
+        drawn.append(draw(*args, **kwargs))
+        return drawn[-1]
+
+    monkeypatch.setattr(sampling, "balanced_atom_rows", record)
+    before = np.array(server.state["atoms_x"])
     server.run_round(1, evaluate=False)
-    server.run_round(2, evaluate=False)
-    for cid in federation.client_ids:
-        assert (
-            executor.host.private_state(cid)["optimizer"]["state"][0]["step"] == 4
-        )  # 2 steps a round (40 // 20), two rounds: kept across rounds
-        buffers = executor.host.private_state(cid)["optimizer"]["state"]
-        assert buffers and all("exp_avg" in b for b in buffers.values())  # Adam's moments
-
-
-def test_dadil_follows_alg2_per_domain_atom_batches(toy_overrides, monkeypatch):
-    """Alg. 2: in one step every domain draws its own atom mini-batch; rows no domain sampled do not change."""
-    server, _, federation = _server(toy_overrides + SMALL + ["method.name=dadil", "method.batch_size=5"])
-    drawn, steps = [], []
-    draw, step = dil.atom_minibatches, dil.step_touched
-
-    def record_draw(*args):
-        batches = draw(*args)
-        drawn.append(batches[0])
-        return batches
-
-    def record_step(optimizer, atoms, touched):
-        before = [a.detach().clone() for a in atoms]
-        step(optimizer, atoms, touched)
-        steps.append((before, [a.detach().clone() for a in atoms], touched.clone(), list(drawn)))
-        drawn.clear()
-
-    monkeypatch.setattr(dil, "atom_minibatches", record_draw)
-    monkeypatch.setattr(dil, "step_touched", record_step)
-    server.run_round(1, evaluate=False)
-    assert len(steps) == 40 // 5  # one epoch of n // n_b steps
-    for before, after, touched, batches in steps:
-        assert len(batches) == len(federation.client_ids)  # one atom mini-batch per domain per step
-        assert not torch.equal(batches[0], batches[1])
-        assert (~touched).any() and touched.any()
-        for old, new in zip(before, after):
-            assert torch.equal(old[~touched], new[~touched])
-        assert not torch.equal(before[0][touched], after[0][touched])
+    assert len(drawn) == (40 // 6) * len(federation.client_ids)  # one epoch of n // n_b steps, one draw per domain
+    assert all(rows.shape == (5, 6) for rows in drawn)
+    assert not torch.equal(drawn[0], drawn[1])
+    sampled = np.zeros(before.shape[:2], bool)
+    for rows in drawn:
+        sampled[np.arange(5)[:, None], rows.numpy()] = True
+    moved = ~np.isclose(server.state["atoms_x"], before).all(-1)
+    assert moved[sampled].mean() > 0.5  # rows stay where Adam puts them (an atom whose alpha is 0 gets no gradient)
 
 
 def test_bad_parameters(toy_overrides, image_overrides, caplog):
     for override, message in (
-        ("method.aggregation=median", "random"),
+        ("method.aggregation=median", "random | avg | wbary"),
+        ("method.exchange=rows", "minibatch | full"),
         ("method.solver=lp", "sinkhorn"),
         ("method.samples_per_atom=0", "positive"),
     ):
@@ -227,7 +329,7 @@ def test_encoder_stage_then_standardized_features(image_overrides):
         [executor.host.private_state(c)["train_features"].numpy() for c in federation.client_ids]
     )
     np.testing.assert_allclose(standardized.mean(0), 0.0, atol=1e-4)
-    assert server.state["atoms_x"].shape == (3, 30, 16)
+    assert server.state["atoms_x"].shape == (5, 30, 16)
 
 
 def test_dadil_alphas_live_in_the_server_state(toy_overrides):
@@ -240,7 +342,7 @@ def test_dadil_alphas_live_in_the_server_state(toy_overrides):
         assert ("y" in uploads[cid].tensors) == labeled  # the target's labels are never uploaded
         assert "train_features" not in executor.host.private_state(cid)  # uploaded: the client keeps no copy
         alpha = server.state["alphas"][cid]
-        assert alpha.sum() == pytest.approx(1.0, abs=1e-5) and not np.allclose(alpha, 1 / 3)
+        assert alpha.sum() == pytest.approx(1.0, abs=1e-5) and not np.allclose(alpha, 1 / 5)
         assert evaluations[cid].config["alpha"] == [float(a) for a in alpha]
     assert not any(isinstance(v, dict) for v in vars(server.method).values()), "no per-call state on the method"
 

@@ -7,9 +7,11 @@ import ot
 import pytest
 import torch
 
+from fedsim.errors import UserError
+from fedsim.methods.common import dictionary as dil
 from fedsim.ot.barycenter import labeled_barycenter
-from fedsim.ot.simplex import project_simplex
-from fedsim.ot.wasserstein import joint_cost, transport_plan, wasserstein_distance
+from fedsim.ot.simplex import project_simplex, renormalized
+from fedsim.ot.wasserstein import joint_cost, relative_label_weight, transport_plan, wasserstein_distance
 
 f64 = torch.float64
 
@@ -264,3 +266,68 @@ def test_barycenter_and_simplex_bad_inputs():
         project_simplex(torch.zeros(2, 2, 2))
     with pytest.raises(ValueError, match="empty"):
         project_simplex(torch.zeros(0))
+
+
+# ---------------------------------------------------------------- rounding and label weights
+def test_a_float32_alpha_off_by_rounding_goes_through_the_barycenter():
+    """A computed float32 alpha summing to 0.999969 (what the float32 simplex projection of a large step gave on
+    the real Office-Caltech10 SURF files): user input with that sum is refused, the computed alpha is renormalized
+    in float64 and the barycenter runs, its gradient to alpha unchanged."""
+    alpha = torch.tensor([0.2, 0.2, 0.2, 0.2, 0.199969], dtype=torch.float32, requires_grad=True)
+    assert float(alpha.detach().sum()) == pytest.approx(0.999969, abs=1e-7)
+    g = torch.Generator().manual_seed(0)
+    atoms_x = torch.randn(5, 6, 3, generator=g)
+    atoms_logits = torch.randn(5, 6, 2, generator=g)
+    with pytest.raises(ValueError, match="alpha must sum to 1"):
+        labeled_barycenter(list(atoms_x), list(torch.softmax(atoms_logits, -1)), alpha)
+    xb, yb = dil.barycenter(atoms_x, atoms_logits, alpha, dil.DictionaryParams())
+    assert xb.shape == (6, 3) and torch.isfinite(xb).all() and torch.allclose(yb.sum(1), torch.ones(6))
+    xb.sum().backward()
+    assert alpha.grad is not None and torch.isfinite(alpha.grad).all()
+    fixed = renormalized(alpha.detach())
+    assert fixed.dtype == torch.float32 and abs(float(fixed.sum()) - 1.0) < 1e-6
+
+
+def test_float32_projection_of_large_values_sums_to_one():
+    v = torch.tensor([812.25, 790.5, 803.125, 799.0, 811.75], dtype=torch.float32)
+    w = project_simplex(v)
+    assert w.dtype == torch.float32 and (w >= 0).all()
+    assert abs(float(w.sum()) - 1.0) < 1e-6
+
+
+def test_non_finite_alpha_is_a_clear_error():
+    with pytest.raises(ValueError, match="non-finite.*learning rate"):
+        project_simplex(torch.tensor([0.5, float("nan"), 0.5]))
+    with pytest.raises(ValueError, match="non-finite"):
+        renormalized(torch.tensor([float("inf"), 0.0]))
+    alpha = torch.tensor([0.5, float("nan")])
+    with pytest.raises(UserError, match="lr_alpha"):
+        dil.project_alpha(alpha)
+
+
+def test_relative_label_weight_is_max_feature_over_max_label_cost():
+    xs, ys = _rand(0, 6, 3, 4)
+    xt, yt = _rand(1, 5, 3, 4)
+    cx, cy = ot.dist(xs.numpy(), xt.numpy()), ot.dist(ys.numpy(), yt.numpy())
+    weight = cx.max() / cy.max()
+    assert relative_label_weight(torch.from_numpy(cx), torch.from_numpy(cy)) == pytest.approx(weight)
+    assert torch.allclose(joint_cost(xs, xt, ys, yt, beta=None), torch.from_numpy(cx + weight * cy))
+    same = torch.zeros(5, 4, dtype=f64)
+    assert torch.allclose(joint_cost(xs[:5], xt, same, same, beta=None), torch.from_numpy(cx[:5]))  # no label cost
+
+
+def test_barycenter_per_atom_label_weight_is_the_atoms_largest_feature_cost():
+    """beta=None: atom k's plan weighs the labels by its own largest feature cost to the support (one weight per
+    atom, none shared between atoms)."""
+    x0, y0 = _rand(0, 4, 2, 3)
+    x1, y1 = _rand(1, 4, 2, 3)
+    x1 = 10 * x1
+    init = _rand(2, 4, 2, 3)
+    alpha = torch.tensor([0.5, 0.5], dtype=f64)
+    got = labeled_barycenter([x0, x1], [y0, y1], alpha, n_iter=1, beta=None, init=init)
+    plans = []
+    for xk, yk in ((x0, y0), (x1, y1)):
+        features = joint_cost(init[0], xk)
+        plans.append(4 * transport_plan(features + features.max() * joint_cost(init[1], yk)))
+    expected = 0.5 * plans[0] @ x0 + 0.5 * plans[1] @ x1
+    assert torch.allclose(got[0], expected)
