@@ -19,7 +19,7 @@ from fedsim.api import run_experiment
 from fedsim.config import load_config
 from fedsim.errors import UserError
 
-DICTIONARY = ["method.samples_per_atom=40", "method.batch_size=20", "method.classifier_steps=20"]
+DICTIONARY = ["method.samples_per_atom=40", "method.batch_size=20", "method.classifier_steps=20", "method.num_atoms=0"]
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
