@@ -244,7 +244,7 @@ def diverged_message(what: str, value: torch.Tensor) -> str:
 
 def one_hot_labels(y: Optional[np.ndarray], classes: int) -> Optional[torch.Tensor]:
     """A labeled domain's labels as one-hot rows (None for the unlabeled target)."""
-    return None if y is None else nn.functional.one_hot(torch.from_numpy(y), classes).float()
+    return None if y is None else nn.functional.one_hot(torch.tensor(np.asarray(y)), classes).float()
 
 
 def trainable_atoms(atoms_x: np.ndarray, atoms_logits: np.ndarray):
