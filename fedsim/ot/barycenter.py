@@ -98,33 +98,36 @@ def labeled_barycenter(
     atom's points or at ``init`` (X_B or (X_B, Y_B)). Each of at most
     ``n_iter`` iterations solves pi_k under ``joint_cost`` (beta, or the per-atom rule when None; solver, reg)
     and applies X_B <- sum_k alpha_k n_B pi_k X_k (same for Y_B); it stops when
-    the squared displacement ||dX_B||^2 + ||dY_B||^2 < ``tol``. Returns (X_B, Y_B).
+    the squared displacement ||dX_B||^2 + ||dY_B||^2 or the change of the barycenter loss
+    sum_k alpha_k <C_k, pi_k> falls below ``tol`` (the loss rule is the authors' ``wasserstein_barycenter``'s: with
+    exact OT the plans may cycle between ties, where the support keeps moving but the loss does not). Returns
+    (X_B, Y_B).
     """
     _check_atoms(atoms_x, atoms_y, alpha)
     if n_iter < 1:
         raise ValueError(f"n_iter must be >= 1, got {n_iter}")
     xb, yb = _initial_support(atoms_x, atoms_y, n_support, init)
     labeled = atoms_y is not None
-    plans = None
+    plans, last_loss = None, None
     with torch.no_grad():  # the fixed-point iterations: plans only, no autograd graph
         for _ in range(n_iter):
-            plans = _plans(xb, yb, atoms_x, atoms_y, beta, solver, reg)
+            plans, costs = _plans(xb, yb, atoms_x, atoms_y, beta, solver, reg)
+            loss = float(sum(alpha[k] * torch.sum(plan * cost) for k, (plan, cost) in enumerate(zip(plans, costs))))
             new_x, new_y = _apply(plans, atoms_x, atoms_y, alpha)
             shift = torch.sum((new_x - xb) ** 2) + (torch.sum((new_y - yb) ** 2) if labeled else 0.0)
             xb, yb = new_x, new_y
-            if float(shift) < tol:
+            if float(shift) < tol or (last_loss is not None and abs(loss - last_loss) < tol):
                 break
+            last_loss = loss
     return _apply(plans, atoms_x, atoms_y, alpha)  # the last update again, differentiable in atoms and alpha
 
 
-def _plans(xb, yb, atoms_x, atoms_y, beta, solver, reg) -> list:
-    """Row-stochastic plans n_B * pi_k between the current support and every atom (detached)."""
+def _plans(xb, yb, atoms_x, atoms_y, beta, solver, reg) -> tuple[list, list]:
+    """Row-stochastic plans n_B * pi_k between the current support and every atom (detached), and the costs C_k
+    divided by n_B (so that sum(plan * cost) is <C_k, pi_k>)."""
     n_b = xb.shape[0]
-    return [
-        n_b
-        * transport_plan(_atom_cost(xb, yb, xk, None if atoms_y is None else atoms_y[k], beta), solver=solver, reg=reg)
-        for k, xk in enumerate(atoms_x)
-    ]
+    costs = [_atom_cost(xb, yb, xk, None if atoms_y is None else atoms_y[k], beta) for k, xk in enumerate(atoms_x)]
+    return [n_b * transport_plan(cost, solver=solver, reg=reg) for cost in costs], [cost / n_b for cost in costs]
 
 
 def _atom_cost(xb, yb, xk, yk, beta):
