@@ -195,7 +195,11 @@ def test_defaults_are_the_authors(toy_root):
         "random",
         "sgd",
     )
-    assert (p.lr_atoms, p.lr_labels or p.lr_atoms, p.lr_alpha) == (1e-2, 1e-2, 1e-2)
+    assert (p.lr_atoms, p.lr_labels or p.lr_atoms, p.lr_alpha) == (
+        10.0,
+        10.0,
+        1e-2,
+    )  # lr_atoms: the rule on the sources
     assert (p.classifier_epochs, p.classifier_batch, p.classifier_lr, p.classifier_l2) == (100, 128, 1e-3, 1e-2)
     central = load_config(None, data + ["method.name=dadil"])
     q = central.method.params
@@ -358,14 +362,23 @@ def test_local_and_ray_agree(toy_overrides, ray_cluster, tmp_path):
 
 
 def test_reproduce_grids_reach_the_dictionary_stage():
-    """`fedsim reproduce feddadil [--quick]`: on digits the encoder rounds end before the last round (the quick grid
-    once ran 3 rounds with 5 encoder rounds: no dictionary at all); TEP keeps the automatic setting (no encoder)."""
+    """`fedsim reproduce feddadil [--quick]`: on digits the encoder rounds end before the last round (5 automatic
+    encoder rounds of 50 / 40; the quick grid's 3 rounds start with 1); TEP keeps the automatic setting (no encoder);
+    FedDaDiL and DaDiL run their own default rounds (50, 40)."""
     from experiments.reproduce_spec import load_spec, shrink, to_sweep
+    from fedsim.methods.families.dictionary import DEFAULT_IMAGE_ENCODER_ROUNDS
 
-    for quick, digits_encoder_rounds in ((False, 5), (True, 1)):
+    for quick in (False, True):
         sweep = to_sweep(shrink(load_spec("feddadil", None), quick, None))
         points = [p for p in sweep.points() if p["spec.variant"].split("@")[0] in ("feddadil", "dadil")]
         configs = [sweep.config_for(p) for p in points]
-        encoder = {(c.data.benchmark, c.method.params.encoder_rounds, c.run.rounds) for c in configs}
-        rounds = 3 if quick else 20  # the plateau rule's 20 (docs/feddadil.md)
-        assert encoder == {("tep", -1, rounds), ("digits", digits_encoder_rounds, rounds)}
+        seen = {(c.data.benchmark, c.method.name, c.method.params.encoder_rounds, c.run.rounds) for c in configs}
+        if quick:
+            assert seen == {
+                (b, m, 1 if b == "digits" else -1, 3) for b in ("tep", "digits") for m in ("feddadil", "dadil")
+            }
+        else:
+            assert seen == {
+                (b, m, -1, 50 if m == "feddadil" else 40) for b in ("tep", "digits") for m in ("feddadil", "dadil")
+            }
+            assert DEFAULT_IMAGE_ENCODER_ROUNDS < 40
