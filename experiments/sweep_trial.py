@@ -126,7 +126,7 @@ def run_trial(params: dict, spec_json: str = "", sweep_dir: str = "") -> None:
     """Tune's trainable: one simulation with as many client actors as the trial reserved bundles.
 
     Its run directory is ``<sweep>/runs/<trial id>`` (written on the node that runs the trial;
-    ``tune.get_context().get_trial_dir()`` is a temporary directory that Ray removes)."""
+    ``tune.get_context().get_trial_dir()`` is a temporary directory under /tmp/ray)."""
     from ray import tune
 
     from fedsim.api import run_experiment
