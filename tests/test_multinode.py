@@ -18,6 +18,7 @@ token; a private token keeps the test independent of ``~/.ray/auth_token``.
 import csv
 import json
 import os
+import random
 import secrets
 import shutil
 import signal
@@ -52,10 +53,29 @@ print(json.dumps({"nodes": nodes, "clients": clients}))
 """
 
 
+_TAKEN: set[int] = set()
+
+
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A free port below the kernel's ephemeral range, never handed out twice by this test.
+
+    Ray picks the ports it is not given (the GCS server's among them) by binding port 0, which
+    draws from the ephemeral range; a port chosen there, released and passed to Ray could be the
+    one Ray draws for itself ("port ... used by other components")."""
+    ranges = Path("/proc/sys/net/ipv4/ip_local_port_range")
+    low = int(ranges.read_text().split()[0]) if ranges.exists() else 32768
+    rng = random.Random()
+    while True:
+        port = rng.randrange(10000, max(low, 10001))
+        if port in _TAKEN:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _TAKEN.add(port)
+        return port
 
 
 def _port_flags() -> list[str]:
