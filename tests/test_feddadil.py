@@ -290,7 +290,6 @@ def test_bad_parameters(toy_overrides, image_overrides, caplog):
     for overrides, message in (
         (toy_overrides + SMALL + ["method.batch_size=500"], "cannot exceed"),
         (image_overrides + SMALL + ["method.encoder_rounds=0"], "needs an encoder"),
-        (toy_overrides + SMALL + ["method.encoder_rounds=2"], "vector inputs have no encoder"),
     ):
         config = load_config(None, overrides)
         with pytest.raises(UserError, match=message):
@@ -334,6 +333,33 @@ def test_encoder_stage_then_standardized_features(image_overrides):
     )
     np.testing.assert_allclose(standardized.mean(0), 0.0, atol=1e-4)
     assert server.state["atoms_x"].shape == (5, 30, 16)
+
+
+def test_vector_inputs_learn_on_a_frozen_mlp_encoder(toy_overrides):
+    """encoder_rounds > 0 on vectors: FedAvg rounds train the MLP, then the dictionary lives on its
+    ``model.hidden`` standardized features and the dictionary rounds never touch the encoder."""
+    extra = [
+        "method.encoder_rounds=1",
+        "method.encoder_epochs=2",
+        "method.local_epochs=1",
+        "model.hidden=12",
+        "run.rounds=3",
+    ]
+    server, executor, federation = _server(toy_overrides + SMALL + extra)
+    assert server.run_round(1, evaluate=False)["stage"] == "encoder"
+    encoder_weights = {k: v.copy() for k, v in server.state["weights"].items()}
+    for rnd in (2, 3):
+        assert server.run_round(rnd, evaluate=rnd == 3)["stage"] == "dictionary"
+    assert server.state["atoms_x"].shape[-1] == 12
+    assert all(np.array_equal(server.state["weights"][k], v) for k, v in encoder_weights.items())
+    features = np.concatenate([executor.host.private_state(c)["train_features"].numpy() for c in federation.client_ids])
+    assert features.shape[1] == 12
+    epochs = {
+        next(iter(ins.values())).operation: next(iter(ins.values())).config.get("local_epochs")
+        for ins, _ in executor.calls
+    }
+    assert epochs["fit"] == 2 and epochs["dil"] == 1  # the encoder's epochs apart from the dictionary's E
+    np.testing.assert_allclose(features.mean(0), 0.0, atol=1e-4)
 
 
 def test_dadil_alphas_live_in_the_server_state(toy_overrides):

@@ -20,7 +20,8 @@ Multi-Source Domain Adaptation", ICASSP 2024 (Alg. 1), on top of DaDiL
 ``dil_loss`` and ``client_drift`` per client, and their summaries ``atom_drift`` (mean drift of the versions from
 the round's starting rows) and ``atom_dispersion`` (mean pairwise distance between the versions).
 
-On raw-input benchmarks (images) the first ``encoder_rounds`` rounds train an encoder with FedAvg on the sources
+On raw-input benchmarks (images), and on vectors when ``encoder_rounds`` is positive, the first ``encoder_rounds``
+rounds train an encoder with FedAvg on the sources, frozen afterwards
 (:class:`~fedsim.methods.families.dictionary.EncoderStage`). Evaluation: DaDiL-R (a net trained on the
 reconstruction B(alpha; atoms)) is ``target_accuracy``; DaDiL-E (per-atom nets weighted by alpha) is
 ``target_accuracy_E``. Each client evaluates with its own alpha.

@@ -65,12 +65,11 @@ class DictionaryParams:
     beta: float = 0.0  # label weight; 0 = the code's rules (JointWassersteinDistance, wasserstein_barycenter)
     solver: str = "emd"  # "emd" (exact, the code's), "sinkhorn", "sinkhorn_log"
     reg: float = 0.01  # entropic regularization (on a max-normalized cost) for the sinkhorn solvers only
-    barycenter_iterations: int = (
-        100  # at most, in training: wasserstein_barycenter's n_iter_max, as DaDiLClient calls it
-    )
+    barycenter_iterations: int = 100  # at most, in training: DaDiLClient's n_iter_max for wasserstein_barycenter
     eval_barycenter_iterations: int = 10  # at most, for DaDiL-R: the Caltech-Office and CWRU scripts' n_iter_max
     barycenter_tol: float = 1e-9  # fixed point: squared move of the support below it (the code's tol, on its loss)
-    encoder_rounds: int = -1  # FedAvg rounds that train an encoder first; -1 = 0 for vectors, 5 for images
+    encoder_rounds: int = -1  # FedAvg rounds of an encoder first (families/dictionary.py); -1: 0 vectors, 5 images
+    encoder_epochs: int = 0  # local epochs of an encoder round; 0 = method.local_epochs (E: the dictionary's)
     classifier_epochs: int = 100  # DaDiL-R / -E nets: the Caltech-Office script's epochs
     classifier_steps: int = 0  # > 0: that many mini-batch steps instead of classifier_epochs (short runs, tests)
     classifier_batch: int = 128  # the Caltech-Office script
@@ -89,8 +88,16 @@ class DictionaryParams:
         for name in positive + ("classifier_epochs", "barycenter_tol", "classifier_lr"):
             if getattr(self, name) <= 0:
                 raise UserError(f"method.{name} must be positive, got {getattr(self, name)}")
-        if self.lr_labels < 0 or self.classifier_steps < 0 or self.classifier_l2 < 0 or self.beta < 0:
-            raise UserError("method.lr_labels, classifier_steps, classifier_l2 and beta must be >= 0 (0: the default)")
+        if (
+            self.lr_labels < 0
+            or self.classifier_steps < 0
+            or self.encoder_epochs < 0
+            or self.classifier_l2 < 0
+            or self.beta < 0
+        ):
+            raise UserError(
+                "method.lr_labels, classifier_steps, classifier_l2, beta, encoder_epochs must be >= 0 (0: the default)"
+            )
         if self.num_atoms < 0 or self.lr_atoms <= 0 or self.lr_alpha <= 0 or self.reg <= 0:
             raise UserError("method.num_atoms must be >= 0 and method.lr_atoms, lr_alpha, reg must be positive")
 

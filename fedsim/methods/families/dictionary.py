@@ -1,10 +1,13 @@
 """The feature space a dataset dictionary is learned in (FedDaDiL, DaDiL): the inputs, or a FedAvg encoder.
 
-On vector benchmarks (TEP, Office-Caltech features) the dictionary lives on the inputs themselves. On
-raw-input benchmarks (images) the first ``encoder_rounds`` rounds are FedAvg rounds (McMahan et al. 2017,
-Alg. 1, composed from :mod:`fedsim.methods.common`) that train an encoder on the
-sources. In the first dictionary round every client sends the sums of its encoded training features
-(count, sum, sum of squares: no rows), the server combines them into one mean and standard deviation
+By default, on vector benchmarks (Office-Caltech features, Amazon reviews) the dictionary lives on the inputs
+themselves. On raw-input benchmarks (images), and on vectors when ``encoder_rounds`` is positive (CWRU and TEP,
+where the authors learn the dictionary on the features of an MLP trained on the sources), the first
+``encoder_rounds`` rounds are FedAvg rounds (McMahan et al. 2017, Alg. 1, composed from
+:mod:`fedsim.methods.common`) that train an encoder (the model's feature layers: ``model.hidden`` features) on the
+sources; the dictionary never updates it afterwards. In the first dictionary round every client sends the sums of
+its encoded training features (count, sum, sum of squares: no rows), the server combines them into one mean and
+standard deviation
 (:mod:`fedsim.data.normalization`), and every client encodes and standardizes its data once.
 
 The server half lives in :class:`EncoderStage`; :class:`DictionaryMethod`, the base of FedDaDiL and DaDiL,
@@ -36,7 +39,7 @@ logger = logging.getLogger(__name__)
 DEFAULT_IMAGE_ENCODER_ROUNDS = 5
 
 
-def uses_encoder(federation) -> bool:
+def has_image_inputs(federation) -> bool:
     return len(federation.input_shape) != 1
 
 
@@ -44,7 +47,7 @@ def encoder_rounds(requested: int, federation) -> int:
     """``requested`` rounds, or the default when it is -1: none for vectors, 5 for images."""
     if requested >= 0:
         return requested
-    return DEFAULT_IMAGE_ENCODER_ROUNDS if uses_encoder(federation) else 0
+    return DEFAULT_IMAGE_ENCODER_ROUNDS if has_image_inputs(federation) else 0
 
 
 class EncoderStage:
@@ -54,23 +57,17 @@ class EncoderStage:
         self.host = host  # the dictionary method: its client sampling and per-round settings
         self.federation = federation = host.federation
         self.device = host.device
-        self.uses_encoder = uses_encoder(federation)
         self.rounds = encoder_rounds(requested_rounds, federation)
+        self.uses_encoder = self.rounds > 0
         self.feature_dim = host.config.model.hidden if self.uses_encoder else federation.input_shape[0]
         self.classifier = GlobalClassifier(host.config, federation, self.device) if self.uses_encoder else None
 
     @staticmethod
     def check_setting(requested_rounds: int, federation, total_rounds: int) -> None:
-        """Images need at least one encoder round; vectors have no encoder; a run whose rounds are all encoder
+        """Images need at least one encoder round; vectors need none; a run whose rounds are all encoder
         rounds never learns a dictionary (warned: its accuracy is FedAvg's)."""
-        if not uses_encoder(federation):
-            if requested_rounds > 0:
-                raise UserError(
-                    f"method.encoder_rounds={requested_rounds}, but vector inputs have no encoder: leave it at -1 or 0"
-                )
-            return
         rounds = encoder_rounds(requested_rounds, federation)
-        if rounds == 0:
+        if rounds == 0 and has_image_inputs(federation):
             raise UserError(
                 "a dataset dictionary on image inputs needs an encoder: set method.encoder_rounds to 1 or more"
             )
@@ -90,9 +87,13 @@ class EncoderStage:
         return {"weights": self.classifier.initial_weights()} if self.uses_encoder else {}
 
     def run_round(self, ctx, state: ServerState) -> tuple[ServerState, dict]:
-        """One FedAvg round on the sampled sources (clients ``fit``), their weights averaged by sample count."""
+        """One FedAvg round on the sampled sources (clients ``fit``), their weights averaged by sample count; the
+        local epochs are ``encoder_epochs`` when set, so that studies of E share one encoder."""
         clients = self.host.sample_clients(ctx.round, self.federation.source_ids)
-        replies = ctx.call("fit", state["weights"], clients, self.host.client_settings(ctx.round))
+        settings = self.host.client_settings(ctx.round)
+        if self.host.params.encoder_epochs:
+            settings = {**settings, "local_epochs": self.host.params.encoder_epochs}
+        replies = ctx.call("fit", state["weights"], clients, settings)
         weights, metrics = federated_average(replies)
         return {**state, "weights": weights}, {**metrics, "stage": "encoder"}
 
