@@ -16,7 +16,7 @@ from fedsim.errors import UserError
 
 PAPERS = {  # paper -> (methods its full grid runs, trials of the full grid, trials with --quick)
     "fada": ({"fedavg", "feddann", "fedmmd", "fada"}, 11 * (4 + 6) * 3, 11 * 2),
-    "feddadil": ({"fedavg", "feddann", "fedmmd", "feddadil", "dadil"}, (6 * 8 + 2) * 3, 14),
+    "feddadil": ({"fedavg", "feddann", "fedmmd", "feddadil", "dadil"}, (6 * 5 + 2 + 2 * 5) * 3, 7 + 5),
     "fedod": ({"fedod", "fedavg_det", "fedbn_det", "fedrep_det"}, 6 * 3, 6),
 }
 
@@ -40,6 +40,20 @@ def test_paper_spec_builds_every_trial_config(paper):
         for row in spec.rows:  # every row reads a run of the grid
             assert any(run == row.run for _, run, _, _ in spec.variants())
         assert spec.claims, "a paper spec states the paper's claims"
+
+
+def test_feddadil_protocol_preprocesses_tep_as_the_authors():
+    """TEP: every row on per-domain standardized modes; the dictionary rows on a frozen 256-feature MLP encoder
+    with the same encoder training for E = 1, 5, 10 and 50 dictionary rounds after it (DaDiL: 40)."""
+    sweep = to_sweep(shrink(load_spec("feddadil", None), False, None))
+    tep = [c for c in map(sweep.config_for, sweep.points()) if c.data.benchmark == "tep"]
+    assert {c.data.normalization for c in tep} == {"per-domain"}
+    dictionary = [c for c in tep if c.method.name in ("feddadil", "dadil")]
+    assert {(c.method.params.encoder_rounds, c.method.params.encoder_epochs, c.model.hidden) for c in dictionary} == {
+        (10, 5, 256)
+    }
+    assert {c.method.local_epochs for c in dictionary if c.method.name == "feddadil"} == {1, 5, 10}
+    assert {(c.method.name, c.run.rounds) for c in dictionary} == {("feddadil", 60), ("dadil", 50)}
 
 
 def test_quick_shrinks_rounds_and_data():
