@@ -2,7 +2,9 @@
 ``fedsim diagnose`` and ``fedsim list``.
 
 Bad input ends with one line naming the problem and the fix, exit code 2, before anything is written
-(numeric flags are range-checked by :mod:`experiments.flags`, the same rule for every command).
+(numeric flags are range-checked by :mod:`experiments.flags`, the same rule for every command). A value the run
+computed that is no longer finite (:class:`fedsim.errors.NumericalError`) ends it the same way, its line naming the
+method, round, client and quantity; the run directory keeps its last checkpoint.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from experiments.flags import check_numeric_flags
-from fedsim.errors import UserError
+from fedsim.errors import UserError, unwrapped
 
 log = logging.getLogger("fedsim")
 #: loggers whose INFO lines say nothing a user can act on (the embedded digits domains build in seconds)
@@ -221,8 +223,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 2
     try:
         return dispatch(args)
-    except UserError as exc:
-        print(f"fedsim: error: {exc}", file=sys.stderr)
+    except UserError as exc:  # unwrapped: one raised in a Ray actor arrives inside the backend's error
+        print(f"fedsim: error: {unwrapped(exc)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("fedsim: interrupted", file=sys.stderr)

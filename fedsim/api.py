@@ -18,6 +18,7 @@ from typing import Any, Callable, Mapping, Optional
 
 from fedsim.config import ExperimentConfig, keyword_values, load_config
 from fedsim.data.scenario import Federation, build_federation
+from fedsim.errors import UserError, unwrapped
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +55,8 @@ def run_experiment(
 
     Everything that can fail on bad input (benchmark, target, data files, the method's scenario checks,
     the cluster address) is checked before ``out_dir`` is created. ``resume`` is a checkpoint
-    (``fedsim.runtime.checkpoint.load_checkpoint``) to continue from.
+    (``fedsim.runtime.checkpoint.load_checkpoint``) to continue from. A UserError raised in a backend's process
+    (a NumericalError in a client actor) comes out as itself, without the backend's wrapper.
     """
     from fedsim.registry import METHODS
     from fedsim.runtime import Simulator
@@ -62,13 +64,19 @@ def run_experiment(
     federation = build_federation(config.data)
     METHODS.get(config.method.name).check_setting(config, federation)
     module, _, function = BACKENDS[config.run.backend].partition(":")
-    server, close = getattr(importlib.import_module(module), function)(config, federation, num_cpus)
     try:
-        simulator = Simulator(config, server, out_dir, callbacks, resume=resume)
-        summary = simulator.run()
-        return RunResult(summary, simulator.history, server.global_tensors(), federation)
-    finally:
-        close()
+        server, close = getattr(importlib.import_module(module), function)(config, federation, num_cpus)
+        try:
+            simulator = Simulator(config, server, out_dir, callbacks, resume=resume)
+            summary = simulator.run()
+            return RunResult(summary, simulator.history, server.global_tensors(), federation)
+        finally:
+            close()
+    except UserError as exc:
+        cause = unwrapped(exc)
+        if cause is exc:
+            raise
+        raise cause from None
 
 
 def make_config(

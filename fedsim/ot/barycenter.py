@@ -21,7 +21,8 @@ from typing import Optional
 
 import torch
 
-from fedsim.ot.wasserstein import check_samples, check_weights, joint_cost, transport_plan
+from fedsim.ot.simplex import check_finite, renormalized, rounding_tolerance
+from fedsim.ot.wasserstein import WEIGHT_TOL, check_samples, check_weights, joint_cost, transport_plan
 
 
 def _check_atoms(atoms_x, atoms_y, alpha):
@@ -47,7 +48,19 @@ def _check_atoms(atoms_x, atoms_y, alpha):
     if not isinstance(alpha, torch.Tensor) or alpha.dim() != 1 or alpha.shape[0] != len(atoms_x):
         shape = tuple(alpha.shape) if isinstance(alpha, torch.Tensor) else type(alpha).__name__
         raise ValueError(f"alpha must be a 1-D tensor with one weight per atom ({len(atoms_x)}), got {shape}")
-    check_weights(alpha.detach(), len(atoms_x), atoms_x[0], "alpha")
+    check_finite(alpha.detach(), "alpha")
+    tol = max(WEIGHT_TOL, rounding_tolerance(alpha.dtype)) if alpha.is_floating_point() else WEIGHT_TOL
+    check_weights(alpha.detach(), len(atoms_x), atoms_x[0], "alpha", tol=tol)
+
+
+def _normalized(alpha: torch.Tensor) -> torch.Tensor:
+    """``alpha`` renormalized in float64 when its sum misses 1 by more than the ``WEIGHT_TOL`` that weights are
+    used within as they are (those keep their bits and their exact gradient); only computed float32 weights get
+    this far (``rounding_tolerance``)."""
+    if not alpha.is_floating_point():
+        return alpha
+    gap = abs(float(alpha.detach().to(torch.float64).sum()) - 1.0)
+    return renormalized(alpha) if gap > WEIGHT_TOL else alpha
 
 
 def _initial_support(atoms_x, atoms_y, n_support, init):
@@ -101,9 +114,12 @@ def labeled_barycenter(
     the squared displacement ||dX_B||^2 + ||dY_B||^2 or the change of the barycenter loss
     sum_k alpha_k <C_k, pi_k> falls below ``tol`` (the loss rule is the authors' ``wasserstein_barycenter``'s: with
     exact OT the plans may cycle between ties, where the support keeps moving but the loss does not). Returns
-    (X_B, Y_B).
+    (X_B, Y_B). ``alpha`` may miss 1 by the rounding of its dtype (``rounding_tolerance``: 1.2e-4 in float32, at
+    least ``WEIGHT_TOL`` = 1e-5), beyond 1e-5 it is renormalized in float64 before use; further off than the
+    tolerance, negative or non-finite, it is refused.
     """
     _check_atoms(atoms_x, atoms_y, alpha)
+    alpha = _normalized(alpha)
     if n_iter < 1:
         raise ValueError(f"n_iter must be >= 1, got {n_iter}")
     xb, yb = _initial_support(atoms_x, atoms_y, n_support, init)

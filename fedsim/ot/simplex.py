@@ -10,6 +10,11 @@ from __future__ import annotations
 
 import torch
 
+from fedsim.errors import NumericalError
+
+#: machine epsilons of rounding that computed weights may carry (a float32 projection of a large step, K atoms)
+ROUNDING_EPSILONS = 1024
+
 
 def project_simplex(v: torch.Tensor, radius: float = 1.0) -> torch.Tensor:
     """Project ``v`` onto {w : w >= 0, sum(w) = radius} in the Euclidean norm.
@@ -22,7 +27,7 @@ def project_simplex(v: torch.Tensor, radius: float = 1.0) -> torch.Tensor:
     renormalized there to sum to ``radius``, then cast back: a float32 input with
     large entries (a big gradient step) would otherwise come back off the simplex
     by its cancellation error. Dtype and device of ``v`` are kept (integer input
-    is cast to the default float dtype). A non-finite entry is a ValueError.
+    is cast to the default float dtype). A non-finite entry is a NumericalError (a ValueError).
     """
     v = torch.as_tensor(v)
     if v.dim() not in (1, 2):
@@ -33,7 +38,7 @@ def project_simplex(v: torch.Tensor, radius: float = 1.0) -> torch.Tensor:
         raise ValueError(f"project_simplex radius must be positive, got {radius}")
     if not torch.is_floating_point(v):
         v = v.to(torch.get_default_dtype())
-    check_finite(v, "project_simplex")
+    check_finite(v, "the vector to project on the simplex")
     rows = (v.unsqueeze(0) if v.dim() == 1 else v).to(torch.float64)
     u, _ = torch.sort(rows, dim=-1, descending=True)
     css = torch.cumsum(u, dim=-1) - radius
@@ -47,20 +52,30 @@ def project_simplex(v: torch.Tensor, radius: float = 1.0) -> torch.Tensor:
 
 
 def check_finite(v: torch.Tensor, what: str) -> None:
-    """A ValueError naming the cause when ``v`` holds nan or inf (values a diverged computation produced)."""
+    """A NumericalError (a ValueError) naming ``what`` when ``v`` holds nan or inf: values a diverged computation
+    produced; the runtime adds the method, round and client."""
     if not bool(torch.isfinite(v).all()):
-        raise ValueError(
-            f"{what} got non-finite values ({v.detach().flatten()[:8].tolist()}): the computation that produced them "
-            "diverged (e.g. a gradient step whose learning rate is too high)"
+        shown = ", ".join(f"{x:.4g}" for x in v.detach().flatten()[:5].tolist())
+        raise NumericalError(
+            what,
+            shown,
+            "the computation that produced it diverged (e.g. a gradient step whose learning rate is too high)",
         )
+
+
+def rounding_tolerance(dtype: torch.dtype) -> float:
+    """How far from 1 the sum of computed weights of ``dtype`` may lie from rounding alone: ROUNDING_EPSILONS machine
+    epsilons (float32: 1.2e-4, float64: 2.3e-13)."""
+    return ROUNDING_EPSILONS * torch.finfo(dtype).eps
 
 
 def renormalized(w: torch.Tensor) -> torch.Tensor:
     """Weights the code computed (e.g. a float32 projection on the simplex), rescaled in float64 to sum to 1.
 
     For values whose sum is off by rounding only, not for user input (which ``check_weights`` validates). The value
-    is ``w / sum(w)``; the gradient passes through as if it were ``w`` (the step before is unchanged)."""
-    check_finite(w, "renormalized")
+    is ``w / sum(w)``; the gradient passes through as if it were ``w`` (the step before is unchanged). Non-finite
+    weights are a NumericalError; a sum that is not positive (no projection gives one) a ValueError."""
+    check_finite(w, "the weights to renormalize")
     total = w.detach().to(torch.float64).sum()
     if not total > 0:
         raise ValueError(f"weights summing to {float(total):.3g} cannot be renormalized: they must sum to about 1")

@@ -21,9 +21,11 @@ import ot
 import torch
 from scipy.optimize import linear_sum_assignment
 
+from fedsim.ot.simplex import check_finite
+
 SOLVERS = ("emd", "sinkhorn", "sinkhorn_log")
 _EMD_MAX_ITER = 1_000_000  # POT's default (1e5) can stop early for n ~ 1000
-_WEIGHT_TOL = 1e-5
+WEIGHT_TOL = 1e-5  # user-given weights: |sum - 1| and negative entries beyond it are refused
 
 
 def check_samples(x: torch.Tensor, name: str) -> None:
@@ -61,17 +63,20 @@ def _check_pair(xs, xt, ys=None, yt=None) -> None:
         raise ValueError(f"dtype/device mismatch ({found}); convert them to one dtype and device")
 
 
-def check_weights(w, n: int, like: torch.Tensor, name: str) -> torch.Tensor:
-    """Return ``w`` as a probability vector of length ``n`` (uniform when None), like ``like``."""
+def check_weights(w, n: int, like: torch.Tensor, name: str, tol: float = WEIGHT_TOL) -> torch.Tensor:
+    """Return ``w`` as a probability vector of length ``n`` (uniform when None), like ``like``; entries below
+    ``-tol``, non-finite ones or a sum (in float64) more than ``tol`` from 1 are a ValueError naming ``name``."""
     if w is None:
         return torch.full((n,), 1.0 / n, dtype=like.dtype, device=like.device)
     w = torch.as_tensor(w, dtype=like.dtype, device=like.device)
     if w.dim() != 1 or w.shape[0] != n:
         raise ValueError(f"{name} must be a 1-D weight vector of length {n}, got shape {tuple(w.shape)}")
-    if bool((w < -_WEIGHT_TOL).any()):
+    if not bool(torch.isfinite(w).all()):
+        raise ValueError(f"{name} holds non-finite weights ({w.flatten()[:5].tolist()}); weights must be finite")
+    if bool((w < -tol).any()):
         raise ValueError(f"{name} has negative weights (min {float(w.min()):.3g}); weights must be >= 0")
-    total = float(w.sum())
-    if abs(total - 1.0) > _WEIGHT_TOL:
+    total = float(w.detach().to(torch.float64).sum())
+    if abs(total - 1.0) > tol:
         raise ValueError(f"{name} must sum to 1 (got {total:.6g})")
     return w
 
@@ -124,11 +129,13 @@ def transport_plan(
     entropic OT (Cuturi 2013) via ``ot.sinkhorn(..., method=solver)``, on
     C / max(C) when ``normalize_cost`` so ``reg`` is scale-free, at most
     ``max_iter`` Sinkhorn iterations (POT warns if it stops unconverged). The solve runs
-    in float64; the plan comes back detached in ``cost``'s dtype and device.
+    in float64; the plan comes back detached in ``cost``'s dtype and device. A non-finite cost (samples that
+    diverged) is a NumericalError, not an error inside the solver.
     """
     _check_solver(solver, reg)
     if cost.dim() != 2 or 0 in cost.shape:
         raise ValueError(f"cost must be a non-empty 2-D matrix, got shape {tuple(cost.shape)}")
+    check_finite(cost.detach(), "the transport cost")  # points so far apart that their squared distance overflows
     if solver == "emd" and a is None and b is None and cost.shape[0] == cost.shape[1]:
         return assignment_plan(cost)
     a = check_weights(a, cost.shape[0], cost, "a")

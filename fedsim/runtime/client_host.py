@@ -17,7 +17,9 @@ import torch
 from fedsim.data import normalization
 from fedsim.data.base import ClientData
 from fedsim.data.scenario import Federation, forget_domain_data, load_client_data
+from fedsim.errors import NumericalError
 from fedsim.messages import Instruction, Reply
+from fedsim.runtime.numerics import check_tensors
 
 #: operations the host answers itself, for every method: the standardization setup stage
 HOST_OPERATIONS = (normalization.DATA_STATS, normalization.DATA_STANDARDIZE)
@@ -75,12 +77,17 @@ class ClientHost:
         if instruction.operation in HOST_OPERATIONS:
             return self._standardization(client_id, data, instruction)
         operation = self.method.operation(instruction.operation)
-        with torch_threads(self.threads):
-            reply, self._state[client_id] = operation(instruction, self._state[client_id], data)
+        where = {"method": self.config.method.name, "round": instruction.config.get("round"), "client": client_id}
+        try:
+            with torch_threads(self.threads):
+                reply, self._state[client_id] = operation(instruction, self._state[client_id], data)
+        except NumericalError as exc:  # raised where the value was found: add where in the run that was
+            raise exc.located(**where)
         if not isinstance(reply, Reply) or reply.client_id != client_id:
             raise TypeError(
                 f"{type(self.method).__name__}.{instruction.operation} must return Reply(client_id={client_id}, ...)"
             )
+        check_tensors(reply.tensors, "tensor {name} of its " + f"{instruction.operation} reply", **where)
         return reply
 
     def _standardization(self, client_id: int, data: ClientData, instruction: Instruction) -> Reply:

@@ -10,8 +10,10 @@ from typing import Optional, Protocol
 import numpy as np
 
 from fedsim.data.scenario import Federation
+from fedsim.errors import NumericalError, unwrapped
 from fedsim.messages import Reply
 from fedsim.runtime.context import RoundContext
+from fedsim.runtime.numerics import check_tensors
 
 #: torch threads of the server half on every backend (the Ray ServerActor asks for no CPU and runs one
 #: thread): float reductions depend on the thread count, so server-side training (centralized baselines,
@@ -105,13 +107,7 @@ class Server:
         started = time.perf_counter()
         sent, received = self._bytes_mark or (self.executor.bytes_sent, self.executor.bytes_received)
         self._bytes_mark = None
-        ctx = self.context(rnd)
-        with self._threads():
-            self.state, metrics = self.method.run_round(ctx, self.state)
-            metrics = {"round": rnd, **metrics}
-            if evaluate:
-                metrics.update(self.method.evaluate_round(ctx, self.state))
-                metrics["evaluated"] = True
+        metrics = self._round(self.context(rnd), evaluate)
         if not self._placement_recorded:
             metrics.update(self.executor.placement())
             self._placement_recorded = True
@@ -124,6 +120,22 @@ class Server:
         metrics["bytes_sent"] = self.executor.bytes_sent - sent
         metrics["bytes_received"] = self.executor.bytes_received - received
         metrics["round_seconds"] = time.perf_counter() - started
+        return metrics
+
+    def _round(self, ctx: RoundContext, evaluate: bool) -> dict:
+        """The method's round (and evaluation); a non-finite value, in a client's reply (its error unwrapped from
+        the backend's) or in the new global tensors, is a NumericalError naming the method, round and client."""
+        where = {"method": self.config.method.name, "round": ctx.round, "client": "server"}
+        try:
+            with self._threads():
+                self.state, metrics = self.method.run_round(ctx, self.state)
+                check_tensors(self.method.global_tensors(self.state), "global tensor {name}", **where)
+                metrics = {"round": ctx.round, **metrics}
+                if evaluate:
+                    metrics.update(self.method.evaluate_round(ctx, self.state))
+                    metrics["evaluated"] = True
+        except NumericalError as exc:
+            raise unwrapped(exc).located(**where) from None
         return metrics
 
     def _threads(self):

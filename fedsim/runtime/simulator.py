@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Optional
 
 from fedsim.config import ExperimentConfig, dump_yaml
+from fedsim.errors import NumericalError, unwrapped
 from fedsim.runtime.callbacks import Callback, EarlyStopping, MetricsFile, ProgressBar, TensorBoard
 from fedsim.runtime.checkpoint import restore_rng_states, rng_states, save_checkpoint
 from fedsim.runtime.files import atomic_write_text
@@ -55,6 +56,7 @@ class Simulator:
         self.callbacks = default_callbacks(config, self.out_dir) if callbacks is None else callbacks
         self.history: list[dict] = []
         self.resume = resume
+        self.last_checkpoint: Optional[int] = None if resume is None else resume["round"]
 
     def run(self) -> dict:
         started = time.perf_counter()
@@ -71,7 +73,10 @@ class Simulator:
         every = self.config.run.checkpoint_every
         for rnd in range(first_round, rounds + 1):
             evaluate = rnd % self.config.run.eval_every == 0 or rnd == rounds
-            metrics = self.server.run_round(rnd, evaluate)
+            try:
+                metrics = self.server.run_round(rnd, evaluate)
+            except NumericalError as exc:  # one line for the user, the checkpoint left as it was
+                raise unwrapped(exc).located(round=rnd, checkpoint=self._checkpoint_note()) from None
             self.history.append(metrics)
             stop = [callback.on_round_end(self, metrics) for callback in self.callbacks]
             if any(stop):  # early stopping acts on evaluated rounds only, so the last round has accuracies
@@ -84,6 +89,14 @@ class Simulator:
         if self.out_dir is not None:
             atomic_write_text(self.out_dir / "summary.json", json.dumps(summary, indent=2, sort_keys=True) + "\n")
         return summary
+
+    def _checkpoint_note(self) -> str:
+        """Where the run can be looked at after it stopped: its last checkpoint, kept in the run directory."""
+        if self.out_dir is None:
+            return ""
+        if self.last_checkpoint is None:
+            return f"no checkpoint was written yet; {self.out_dir / 'metrics.jsonl'} holds the rounds before"
+        return f"the checkpoint of round {self.last_checkpoint} is kept in {self.out_dir}"
 
     def checkpoint(self, rnd: int) -> None:
         """Server state, every client's private state, metrics, callbacks and RNG states, atomically."""
@@ -98,6 +111,7 @@ class Simulator:
                 "rng": rng_states(),
             },
         )
+        self.last_checkpoint = rnd
 
     def _restore(self, payload: dict) -> None:
         self.server.restore_state(payload["server"])

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from fedsim.errors import UserError
+from fedsim.errors import NumericalError, UserError
 from fedsim.ot.barycenter import labeled_barycenter
 from fedsim.ot.simplex import project_simplex, renormalized
 from fedsim.ot.wasserstein import SOLVERS, wasserstein_distance
@@ -230,26 +230,24 @@ def dil_loss(
 
 
 def dil_step(optimizer: torch.optim.Optimizer, loss: torch.Tensor, atoms: list, alphas: list) -> None:
-    """One projected gradient step on ``loss``; a loss, atom or alpha that is no longer finite stops the run with
-    its cause (a diverged step), not an error deep inside OT or the projection."""
+    """One projected gradient step on ``loss``; a loss, atom or alpha that is no longer finite is a NumericalError
+    naming it (the runtime adds the method, round and client), not an error deep inside OT or the projection."""
     if not bool(torch.isfinite(loss)):
-        raise UserError(diverged_message("the DiL loss", loss))
+        raise diverged("the DiL loss", loss)
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     optimizer.step()
-    for atom in atoms:
+    for k, atom in enumerate(atoms):
         if not bool(torch.isfinite(atom).all()):
-            raise UserError(diverged_message("an atom", atom))
+            raise diverged(("atom features", "atom label logits")[k] if len(atoms) == 2 else "an atom", atom)
     for alpha in alphas:
         project_alpha(alpha)
 
 
-def diverged_message(what: str, value: torch.Tensor) -> str:
-    shown = value.detach().flatten()[:5].tolist()
-    return (
-        f"{what} is no longer finite ({shown}): the dictionary's gradient step diverged; lower method.lr_atoms, "
-        "method.lr_labels or method.lr_alpha"
-    )
+def diverged(what: str, value: torch.Tensor) -> NumericalError:
+    """The error of a dictionary quantity that is no longer finite, with its first values and the rates to lower."""
+    shown = ", ".join(f"{v:.4g}" for v in value.detach().flatten()[:5].tolist())
+    return NumericalError(what, shown, "the dictionary's step diverged; lower method.lr_atoms, lr_labels or lr_alpha")
 
 
 def one_hot_labels(y: Optional[np.ndarray], classes: int) -> Optional[torch.Tensor]:
@@ -268,7 +266,7 @@ def project_alpha(alpha: torch.Tensor) -> None:
     """Project the barycentric coordinates back on the simplex after a gradient step (in place)."""
     with torch.no_grad():
         if not bool(torch.isfinite(alpha).all()):
-            raise UserError(diverged_message("alpha", alpha))
+            raise diverged("alpha", alpha)
         alpha.copy_(project_simplex(alpha))
 
 
