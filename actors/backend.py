@@ -11,6 +11,7 @@ import time
 
 import ray
 
+from actors.client import KILL_ENV, KILL_PHASES
 from actors.executor import ActorSpec, RayExecutor
 from actors.server import RemoteServer
 from fedsim.errors import UserError
@@ -107,13 +108,25 @@ def plan_actors(config, federation) -> tuple[int, dict[int, int], float]:
     return count, assignment, gpus_per_client
 
 
+def kill_hook() -> str:
+    """The ``FEDSIM_TEST_KILL`` test hook (see :mod:`actors.client`), checked; "" when unset."""
+    kill = os.environ.get(KILL_ENV, "")
+    phases, _, marker_dir = kill.partition("@")
+    if kill and (not set(phases.split(",")) <= set(KILL_PHASES) or not os.path.isdir(marker_dir)):
+        raise ValueError(f"{KILL_ENV}={kill!r}: expected <phase>[,<phase>...]@<directory>, phases {KILL_PHASES}")
+    return kill
+
+
 def start_server(config, federation) -> RemoteServer:
     """Create the run's client actors and its server actor (all at once: start-up runs in parallel) and wait
-    until they are ready; an actor whose constructor fails surfaces here, before round 1."""
+    until they are ready and the server holds its initial state. A client actor that dies meanwhile is
+    recreated (up to ``ray.max_restarts`` times); one that keeps dying, or whose constructor raises, surfaces
+    here, before round 1."""
     count, assignment, gpus = plan_actors(config, federation)
     hosted = tuple(tuple(sorted(cid for cid, a in assignment.items() if a == index)) for index in range(count))
     settings = config.ray
-    spec = ActorSpec(config, federation, hosted, "cuda" if gpus > 0 else "cpu", config.resources.cpus_per_client, gpus)
+    device = "cuda" if gpus > 0 else "cpu"
+    spec = ActorSpec(config, federation, hosted, device, config.resources.cpus_per_client, gpus, kill_hook())
     client_actors = [spec.create(index) for index in range(count)]
     executor = RayExecutor(
         client_actors,
@@ -124,11 +137,13 @@ def start_server(config, federation) -> RemoteServer:
         rounds=config.run.rounds,
         call_timeout=settings.call_timeout_s,
     )
-    state = None
-    if not METHODS.get(config.method.name).server_needs_torch:  # the server actor stays free of torch
-        state = client_actors[0].initial_server_state.remote()
-    server = RemoteServer(config, federation, executor, client_actors, assignment, state)
-    server.ready()
+    handoff = not METHODS.get(config.method.name).server_needs_torch  # the server actor stays free of torch
+    server = RemoteServer(config, federation, executor, client_actors, assignment, handoff)
+    try:
+        server.ready()
+    except BaseException:
+        server.close()  # nothing of a failed start-up stays on a cluster the run joined
+        raise
     log.info("ray backend: %d client actors for %d clients", count, len(federation.clients))
     return server
 

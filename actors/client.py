@@ -3,20 +3,57 @@
 It builds its clients' data itself from (benchmark config, client id), keeps
 their private state across rounds, and returns only Replies: raw inputs,
 labels and private state never leave it.
+
+Test hook (inert unless set): ``FEDSIM_TEST_KILL="<phase>[,<phase>...]@<marker dir>"`` in the driver's
+environment makes the first client actor that reaches a named phase (``KILL_PHASES``) exit at once, as a
+crash would. A marker file ``<marker dir>/<phase>`` records each kill, so every phase kills one actor once
+and the actor that replaces it carries on.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 
 from fedsim.messages import Instruction, Reply
+
+KILL_ENV = "FEDSIM_TEST_KILL"
+#: where the hook can kill: constructor, first data build, initial-model hand-off, setup stage, round
+#: operation, evaluation, checkpoint export
+KILL_PHASES = ("create", "data", "handoff", "setup", "round", "evaluate", "checkpoint")
+
+
+def die_at(kill: str, phase: str) -> None:
+    """Exit this process when ``kill`` (the hook's value) names ``phase`` and no actor died there yet."""
+    phases, _, marker_dir = kill.partition("@")
+    if phase not in phases.split(","):
+        return
+    try:
+        os.close(os.open(os.path.join(marker_dir, phase), os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except FileExistsError:
+        return
+    logging.getLogger(__name__).warning("test hook %s: client actor exits at phase %r", KILL_ENV, phase)
+    os._exit(1)
+
+
+def phase_of(operation: str) -> str:
+    """The hook's phase of a client operation."""
+    from fedsim.runtime.client_host import HOST_OPERATIONS
+
+    if operation in HOST_OPERATIONS:
+        return "setup"
+    return "evaluate" if operation == "evaluate" else "round"
 
 
 class ClientActor:
     """torch, the method's client half and the data load here, in the actor, never in a process that only
     refers to the class (the server actor holds the executor that creates these actors)."""
 
-    def __init__(self, config, federation, client_ids: list[int], device: str):
+    def __init__(self, config, federation, client_ids: list[int], device: str, kill: str = ""):
+        """``kill``: the value of the ``FEDSIM_TEST_KILL`` hook ("" leaves it off)."""
+        self.kill = kill
+        if kill:
+            die_at(kill, "create")
         import torch
 
         from fedsim.runtime.client_host import ClientHost, threads_for
@@ -24,6 +61,7 @@ class ClientActor:
         logging.basicConfig(level=logging.WARNING)
         torch.set_num_threads(threads_for(config.resources.cpus_per_client))
         self.host = ClientHost(config, federation, client_ids, device=device)
+        self._built: set[int] = set()  # clients whose data this actor has built (for the hook's "data" phase)
 
     def ready(self) -> list[int]:
         return self.host.client_ids
@@ -33,6 +71,8 @@ class ClientActor:
         initial model: the same on every backend, as a server would build it, on CPU)."""
         from fedsim.registry import METHODS
 
+        if self.kill:
+            die_at(self.kill, "handoff")
         config, federation = self.host.config, self.host.federation
         return METHODS.get(config.method.name)(config, federation, device="cpu").init_server()
 
@@ -46,11 +86,21 @@ class ClientActor:
         """
         replies = []
         for client_id, operation, payload_index, config in batch:
+            if self.kill:
+                self._hook(client_id, operation)
             instruction = Instruction(operation, payloads[payload_index], config)
             replies.append(self.host.execute(client_id, instruction))
         worked = {item[0] for item in batch}
         states = {cid: st for cid, st in self.host.export_states().items() if cid in worked}
         return replies, states
+
+    def _hook(self, client_id: int, operation: str) -> None:
+        """The test hook's phases of one operation: the client's first data build, then the operation's own."""
+        if client_id not in self._built:
+            self.host.private_state(client_id)  # builds the client's data (lazily, as its first operation would)
+            self._built.add(client_id)
+            die_at(self.kill, "data")
+        die_at(self.kill, phase_of(operation))
 
     def import_state_objects(self, client_ids: list[int], *state_dicts) -> None:
         """Restore from the state objects of earlier calls (oldest first; later ones win)."""
@@ -58,6 +108,8 @@ class ClientActor:
             self.host.import_states({cid: st for cid, st in states.items() if cid in client_ids})
 
     def export_states(self) -> dict:
+        if self.kill:
+            die_at(self.kill, "checkpoint")
         return self.host.export_states()
 
     def import_states(self, states: dict) -> None:

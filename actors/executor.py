@@ -8,29 +8,48 @@ arrival order.
 
 Fault tolerance: every call also returns its clients' private states as a
 second object, which stays in the object store (its reference is kept here,
-the value is never fetched by the server). If an actor dies mid-call, a new
-actor is created for the same clients, their setup exchanges (``replay=True``:
-data standardization) are replayed,
-their last states are passed to it by reference, and the call is redone with
-the same instructions and seeds: the result equals an undisturbed run. After
-``max_restarts`` failed attempts the call's clients are dropped for this
-operation and the event is recorded (``failure_events``).
+the value is never fetched by the server). Every call on a client actor, from
+start-up (constructor, initial-model hand-off, setup stages) through rounds
+and checkpoints, goes through :meth:`RayExecutor._collect`: if the actor dies
+mid-call, a new actor is created for the same clients, their setup exchanges
+(``replay=True``: data standardization) are replayed, their last states are
+passed to it by reference, and the call is redone with the same instructions
+and seeds: the result equals an undisturbed run. After ``max_restarts`` failed
+attempts a round's operation goes on without the call's clients (recorded in
+``failure_events``); any other call raises :class:`ActorFailed`, one line
+naming the actor and the error.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from dataclasses import dataclass
+from typing import Any, Callable
 
 import ray
 from ray.exceptions import RayActorError
 
 from actors.client import ClientActor
+from fedsim.errors import UserError
 from fedsim.messages import Instruction, Reply
 from fedsim.runtime.executor import Executor
 from fedsim.seeding import numpy_rng
 
 log = logging.getLogger(__name__)
+
+#: one call per actor index: ``calls[index](actor) -> ObjectRef``
+Calls = dict[int, Callable[[Any], Any]]
+
+
+class ActorFailed(UserError):
+    """A Ray actor died more often than ``ray.max_restarts`` allows, where the run cannot go on without it."""
+
+
+def reason(exc: BaseException) -> str:
+    """One line saying why a Ray call failed: the error's type and the first line of its message."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
 
 
 @dataclass(frozen=True)
@@ -43,12 +62,13 @@ class ActorSpec:
     device: str
     num_cpus: float
     num_gpus: float
+    kill: str = ""  # the FEDSIM_TEST_KILL test hook (actors.client), "" when unset
 
     def create(self, index: int):
         return (
             ray.remote(ClientActor)
             .options(num_cpus=self.num_cpus, num_gpus=self.num_gpus)
-            .remote(self.config, self.federation, list(self.hosted[index]), self.device)
+            .remote(self.config, self.federation, list(self.hosted[index]), self.device, self.kill)
         )
 
 
@@ -84,7 +104,112 @@ class RayExecutor(Executor):
             plan.setdefault(int(rng.integers(1, rounds + 1)), []).append(int(rng.integers(len(self.actors))))
         return plan
 
+    def start(self, handoff: bool) -> Any:
+        """Wait until every client actor is constructed; with ``handoff``, return the initial server state that
+        client actor 0 builds (``ClientActor.initial_server_state``), else None."""
+        self._each("ready", "start-up")
+        if not handoff:
+            return None
+        return self._gather({0: lambda actor: actor.initial_server_state.remote()}, "the initial-model hand-off")[0]
+
+    def _each(self, method: str, phase: str) -> dict[int, Any]:
+        """``method()`` on every client actor, surviving their deaths."""
+        calls = {index: (lambda actor: getattr(actor, method).remote()) for index in range(len(self.actors))}
+        return self._gather(calls, phase)
+
+    def _gather(self, calls: Calls, phase: str) -> dict[int, Any]:
+        """The result of each call (index -> value); an actor that keeps dying raises ActorFailed."""
+        return self._collect(self._submit(calls), calls, phase, rnd=None)
+
+    def _submit(self, calls: Calls) -> dict:
+        return {calls[index](self.actors[index]): index for index in sorted(calls)}
+
+    def _collect(self, pending: dict, calls: Calls, phase: str, rnd: int | None) -> dict[int, Any]:
+        """Wait for every pending call (ObjectRef -> actor index); a dead or silent actor is recreated and its
+        call redone. Past ``max_restarts``: ActorFailed, or, in a round (``rnd`` given), the index left out."""
+        results: dict[int, Any] = {}
+        attempts: dict[int, int] = {}
+        while pending:
+            ref = self._next_done(pending)
+            index = pending.pop(ref)
+            try:
+                results[index] = ray.get(ref)
+            except RayActorError as exc:
+                if exc.actor_init_failed:  # its constructor raised: no death, nothing to recover
+                    raise
+                if self._revive(index, attempts, exc, phase, rnd):
+                    pending[calls[index](self.actors[index])] = index
+        return results
+
+    def _next_done(self, pending: dict):
+        """The next finished call; a call that hangs past ``call_timeout`` is treated like a dead actor."""
+        done, _ = ray.wait(list(pending), num_returns=1, timeout=self.call_timeout or None)
+        if done:
+            return done[0]
+        ref = next(iter(pending))
+        log.warning("client actor %d gave no reply for %.0f s: restarting it", pending[ref], self.call_timeout)
+        ray.kill(self.actors[pending[ref]], no_restart=True)
+        return ref
+
+    def _revive(self, index: int, attempts: dict, exc: Exception, phase: str, rnd: int | None) -> bool:
+        """Recreate actor ``index`` after ``exc``: True to redo its call, False once it failed too often."""
+        clients = list(self.spec.hosted[index])
+        while True:
+            attempts[index] = attempts.get(index, 0) + 1
+            if attempts[index] > self.max_restarts:
+                break
+            log.warning(
+                "client actor %d died during %s (%s): recreating it and redoing its work", index, phase, reason(exc)
+            )
+            try:
+                self.actors[index] = self._recreate(index)
+                return True
+            except RayActorError as again:  # the new actor died too (in its constructor, replay or restore)
+                if again.actor_init_failed:
+                    raise
+                exc = again
+        if rnd is None:
+            raise ActorFailed(
+                f"client actor {index} (clients {clients}) died {attempts[index]} times during {phase}, more than "
+                f"ray.max_restarts={self.max_restarts} allows ({reason(exc)})"
+            )
+        self.failure_events.append({"round": rnd, "clients": clients, "error": type(exc).__name__})
+        log.error("clients %s failed %d times in round %d: continuing without them", clients, attempts[index], rnd)
+        with contextlib.suppress(RayActorError):  # a live actor for the next operation, if it comes up
+            self.actors[index] = self._recreate(index)
+        return False
+
     def _dispatch(self, instructions: dict[int, Instruction], rnd: int, replay: bool) -> dict[int, Reply]:
+        payload_refs, batches = self._batches(instructions)
+        states: dict[int, ray.ObjectRef] = {}  # actor index -> private states of its latest call
+
+        def call(index: int):
+            def submit(actor):
+                replies_ref, states[index] = actor.execute.options(num_returns=2).remote(batches[index], *payload_refs)
+                return replies_ref
+
+            return submit
+
+        calls = {index: call(index) for index in batches}
+        pending = self._submit(calls)
+        for index in self.fault_plan.pop(rnd, []):
+            if index in batches:
+                log.warning("injected fault: killing client actor %d in round %d", index, rnd)
+                ray.kill(self.actors[index], no_restart=True)
+        phase = "a setup stage" if replay else f"round {rnd}"
+        results = self._collect(pending, calls, phase, rnd=None if replay else rnd)  # a setup stage never drops
+        replies: dict[int, Reply] = {}
+        for index, batch_replies in results.items():
+            for item in batches[index]:
+                self.state_refs[item[0]] = states[index]
+                if replay:  # recorded once it succeeded: a recreated actor replays it, a redone call does not repeat it
+                    self.replay.setdefault(item[0], []).append(instructions[item[0]])
+            for reply in batch_replies:
+                replies[reply.client_id] = reply
+        return dict(sorted(replies.items()))
+
+    def _batches(self, instructions: dict[int, Instruction]) -> tuple[list, dict[int, list]]:
+        """One ``ray.put`` per distinct tensor dict, and each actor's batch of (client, operation, payload, config)."""
         payload_refs: list = []
         payload_index: dict[int, int] = {}
         batches: dict[int, list] = {}
@@ -96,52 +221,7 @@ class RayExecutor(Executor):
             batches.setdefault(self.assignment[cid], []).append(
                 (cid, ins.operation, payload_index[key], dict(ins.config))
             )
-        pending = {}
-        for index, batch in sorted(batches.items()):
-            replies_ref, states_ref = self.actors[index].execute.options(num_returns=2).remote(batch, *payload_refs)
-            pending[replies_ref] = (index, states_ref)
-        for index in self.fault_plan.pop(rnd, []):
-            if index in batches:
-                log.warning("injected fault: killing client actor %d in round %d", index, rnd)
-                ray.kill(self.actors[index], no_restart=True)
-        replies: dict[int, Reply] = {}
-        attempts: dict[int, int] = {}
-        while pending:
-            done, _ = ray.wait(list(pending), num_returns=1, timeout=self.call_timeout or None)
-            if not done:  # a call that hangs is treated like a dead actor: kill, recreate, redo
-                ref = next(iter(pending))
-                log.warning(
-                    "client actor %d gave no reply for %.0f s: restarting it", pending[ref][0], self.call_timeout
-                )
-                ray.kill(self.actors[pending[ref][0]], no_restart=True)
-                done = [ref]
-            index, states_ref = pending.pop(done[0])
-            try:
-                batch_replies = ray.get(done[0])
-            except RayActorError as exc:
-                attempts[index] = attempts.get(index, 0) + 1
-                clients = [item[0] for item in batches[index]]
-                if attempts[index] > self.max_restarts:
-                    self.failure_events.append({"round": rnd, "clients": clients, "error": type(exc).__name__})
-                    log.error(
-                        "clients %s failed %d times in round %d: continuing without them", clients, attempts[index], rnd
-                    )
-                    self.actors[index] = self._recreate(index)
-                    continue
-                log.warning("client actor %d died (%s): recreating it and redoing its work", index, type(exc).__name__)
-                self.actors[index] = self._recreate(index)
-                replies_ref, states_ref = (
-                    self.actors[index].execute.options(num_returns=2).remote(batches[index], *payload_refs)
-                )
-                pending[replies_ref] = (index, states_ref)
-                continue
-            for item in batches[index]:
-                self.state_refs[item[0]] = states_ref
-                if replay:  # recorded once it succeeded: a recreated actor replays it, a redone call does not repeat it
-                    self.replay.setdefault(item[0], []).append(instructions[item[0]])
-            for reply in batch_replies:
-                replies[reply.client_id] = reply
-        return dict(sorted(replies.items()))
+        return payload_refs, batches
 
     def _recreate(self, index: int):
         """A new actor for the same clients: standardization replayed, last private states restored."""
@@ -163,7 +243,7 @@ class RayExecutor(Executor):
 
     def placement(self) -> dict:
         """The Ray nodes the client actors run on (recorded in the first round's metrics)."""
-        return {"client_nodes": sorted(set(ray.get([a.node_id.remote() for a in self.actors])))}
+        return {"client_nodes": sorted(set(self._each("node_id", "the placement query").values()))}
 
     def take_failure_events(self) -> list[dict]:
         events, self.failure_events = self.failure_events, []
@@ -171,13 +251,15 @@ class RayExecutor(Executor):
 
     def export_client_states(self) -> dict:
         merged: dict = {}
-        for states in ray.get([a.export_states.remote() for a in self.actors]):
+        for _, states in sorted(self._each("export_states", "a checkpoint").items()):
             merged.update(states)
         return merged
 
     def import_client_states(self, states: dict) -> None:
-        calls = []
-        for index, actor in enumerate(self.actors):
-            mine = {cid: st for cid, st in states.items() if self.assignment.get(cid) == index}
-            calls.append(actor.import_states.remote(mine))
-        ray.get(calls)
+        """Restore checkpointed states; kept as state objects, so an actor recreated later restores them too."""
+        calls: Calls = {}
+        for index, hosted in enumerate(self.spec.hosted):
+            ref = ray.put({cid: st for cid, st in states.items() if cid in hosted})
+            self.state_refs.update({cid: ref for cid in hosted if cid in states})
+            calls[index] = lambda actor, ids=list(hosted), ref=ref: actor.import_state_objects.remote(ids, ref)
+        self._gather(calls, "the restore from a checkpoint")
