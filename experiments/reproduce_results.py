@@ -70,6 +70,8 @@ def results_rows(spec: PaperSpec, records: list[dict]) -> list[dict]:
                 "wall_seconds": record.get("wall_seconds"),
             }
             line.update({name: metric_value(record, ref) for name, ref in row.metrics.items()})
+            if record.get("error"):
+                line["error"] = record["error"]
             lines.append(line)
     return lines
 
@@ -147,6 +149,9 @@ def _verdict(lines: list[dict], claim: Claim, bench: str, targets: list[str]) ->
     figures = f"{where}: " + " vs ".join(
         ", ".join(f"{name} {'n/a' if v is None else f'{v:.3f}'}" for name, v in group) for group in values
     )
+    missing = _unfinished(lines, [row for group in claim.order for row, _ in group], bench, targets)
+    if missing:
+        return "not measurable", f"{figures}; {missing}"
     if any(v is None for group in values for _, v in group):
         return "not measurable", figures
     above = (lambda a, b: a > b) if claim.strict else (lambda a, b: a >= b)
@@ -154,9 +159,25 @@ def _verdict(lines: list[dict], claim: Claim, bench: str, targets: list[str]) ->
     return ("holds" if holds else "does not hold"), figures
 
 
+def _unfinished(lines: list[dict], rows: list[str], bench: str, targets: list[str]) -> str:
+    """The trials of ``rows`` on ``bench`` / ``targets`` that did not finish (a figure over the other seeds is not
+    the claim's), each named with its error: "needs trial T (row, target, seed s), which failed: ...", or ""."""
+    named = []
+    for ln in lines:
+        if ln["row"] in rows and ln["benchmark"] == bench and ln["target_domain"] in targets:
+            if ln["status"] != "finished":
+                what = "failed" if ln["status"] == "error" else f"is {ln['status']}"
+                what += f": {ln['error']}" if ln.get("error") else ""
+                named.append(
+                    f"trial {ln['trial_id']} ({ln['row']}, {ln['target_domain']}, seed {ln['seed']}), which {what}"
+                )
+    return f"needs {'; '.join(dict.fromkeys(named))}" if named else ""
+
+
 def check_claim(spec: PaperSpec, lines: list[dict], claim: Claim) -> list[tuple[str, str]]:
     """One (verdict, figures) per benchmark (and per target with ``per_target``); verdict: holds, does not hold,
-    not measurable (a row has no finished value on a target it needs, or the benchmark is not in the grid)."""
+    not measurable (a trial it needs failed or did not finish, named with its error; a row has no value on a
+    target it needs; or the benchmark is not in the grid)."""
     results = []
     for bench in [claim.benchmark] if claim.benchmark else list(spec.benchmarks):
         if bench not in spec.benchmarks:

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from experiments.sweep_grid import COLUMNS, SweepSpec, point_key
+from fedsim.errors import UserError, unwrapped
 
 
 def _cell(value: Any) -> Any:
@@ -65,6 +66,18 @@ def _numbers(row: dict, prefix: str = "") -> dict[str, float]:
     return out
 
 
+def error_text(error: BaseException) -> str:
+    """A failed trial's error on one line (at most 300 characters): a fedsim error's own message, out of the
+    wrappers Tune and Ray put around it, else the last line of the error's text."""
+    cause = unwrapped(error)
+    if isinstance(cause, UserError):
+        text = str(cause)
+    else:
+        lines = str(error).strip().splitlines()
+        text = lines[-1] if lines else type(error).__name__
+    return " ".join(text.split())[:300]
+
+
 def collect_records(result_grid, spec: SweepSpec, configs: dict[str, Any]) -> list[dict]:
     """Tune's ResultGrid -> the records of :mod:`experiments.report` (one per trial, with its rounds)."""
     records = []
@@ -102,8 +115,7 @@ def collect_records(result_grid, spec: SweepSpec, configs: dict[str, Any]) -> li
             "round_metrics": [_numbers(row) for row in attempt],  # every number reported in each round
         }
         if result.error:
-            text = str(result.error).strip()
-            record["error"] = text.splitlines()[-1][:300] if text else type(result.error).__name__
+            record["error"] = error_text(result.error)
         records.append(record)
     order = {point_key(p): i for i, p in enumerate(spec.points())}
     inverse = {v: k for k, v in COLUMNS.items()}
