@@ -69,36 +69,46 @@ def test_a_client_actor_that_keeps_dying_at_start_up_is_one_line_and_exit_code_2
 
 
 class KillServer(Callback):
-    """Kills the server actor while the first checkpoint is written, once the server's part of it is exported:
-    the checkpoint is complete, and the next call on the server finds it dead."""
+    """Kills the server actor twice: as the run starts (after the setup stage, before round 1), and while the
+    first checkpoint is written, once the server's part of it is exported (so that checkpoint is complete)."""
 
     def __init__(self):
-        self.killed = False
+        self.kills = 0
 
-    def state_dict(self) -> dict:
-        if not self.killed:
-            import ray
+    def _kill(self) -> None:
+        import ray
 
-            ray.kill(self.simulator.server.actor)
-            self.killed = True
-        return {}
+        ray.kill(self.simulator.server.actor)
+        self.kills += 1
 
     def on_run_start(self, simulator):
         self.simulator = simulator
+        self._kill()
+
+    def state_dict(self) -> dict:
+        if self.kills == 1:
+            self._kill()
+        return {}
 
 
-def test_a_dead_server_actor_stops_the_run_with_one_line_and_its_checkpoint_resumes_it(toy_overrides, calm, tmp_path):
+def test_a_dead_server_actor_is_replaced_before_round_1_and_stops_the_run_with_one_line_after(
+    toy_overrides, calm, tmp_path
+):
+    """Before round 1 a new server actor redoes the start-up and the setup stage; from round 1 on its death is
+    one line, the run's last checkpoint is complete, and resuming from it gives the undisturbed run's summary."""
     from fedsim.runtime.checkpoint import load_checkpoint
     from fedsim.runtime.simulator import default_callbacks
 
     config = load_config(None, toy_overrides + EXTRA)
     out = tmp_path / "run"
+    killer = KillServer()
     with pytest.raises(UserError) as caught:
-        run_experiment(config, out, callbacks=default_callbacks(config, out) + [KillServer()])
+        run_experiment(config, out, callbacks=default_callbacks(config, out) + [killer])
+    assert killer.kills == 2
     assert str(caught.value).startswith("the server actor died during run_round (ActorDiedError: ")
     assert "\n" not in str(caught.value)
     assert not (out / "summary.json").exists()
     checkpoint = load_checkpoint(out)
-    assert checkpoint["round"] == 1
+    assert [m["round"] for m in checkpoint["history"]] == [1]
     run_experiment(config, out, resume=checkpoint)
     assert _summary(out) == _summary(calm)
