@@ -169,9 +169,10 @@ class RayExecutor(Executor):
                     raise
                 exc = again
         if rnd is None:
+            times = "once" if attempts[index] == 1 else f"{attempts[index]} times"
             raise ActorFailed(
-                f"client actor {index} (clients {clients}) died {attempts[index]} times during {phase}, more than "
-                f"ray.max_restarts={self.max_restarts} allows ({reason(exc)})"
+                f"client actor {index} (clients {clients}) died {times} during {phase}, past "
+                f"ray.max_restarts={self.max_restarts} ({reason(exc)})"
             )
         self.failure_events.append({"round": rnd, "clients": clients, "error": type(exc).__name__})
         log.error("clients %s failed %d times in round %d: continuing without them", clients, attempts[index], rnd)

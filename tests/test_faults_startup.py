@@ -62,8 +62,8 @@ def test_a_client_actor_that_keeps_dying_at_start_up_is_one_line_and_exit_code_2
     assert main(["run", "-q", "--out", str(out)] + [f for item in settings for f in ("--set", item)]) == 2
     lines = capsys.readouterr().err.splitlines()  # the actors' log lines reach stderr too, through Ray
     assert [line for line in lines if line.startswith("fedsim")] == [
-        "fedsim: error: client actor 0 (clients [0, 1, 2]) died 1 times during the initial-model hand-off, "
-        "more than ray.max_restarts=0 allows (ActorDiedError: The actor died unexpectedly before finishing this task.)"
+        "fedsim: error: client actor 0 (clients [0, 1, 2]) died once during the initial-model hand-off, past "
+        "ray.max_restarts=0 (ActorDiedError: The actor died unexpectedly before finishing this task.)"
     ]
     assert not out.exists()  # start-up fails before the run directory is made
 
