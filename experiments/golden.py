@@ -83,7 +83,15 @@ CASES = {
     "fedbn_det": ("scenes", ["method.name=fedbn_det"]),
     "fedrep_det": ("scenes", ["method.name=fedrep_det", "method.head_iters=1"]),
 }
-VOLATILE = {"wall_seconds", "round_seconds", "client_nodes", "backend", "actor_restarts"}
+VOLATILE = {
+    "wall_seconds",
+    "round_seconds",
+    "eval_seconds",
+    "checkpoint_seconds",
+    "client_nodes",
+    "backend",
+    "actor_restarts",
+}
 
 
 def write_toy(root: Path, kind: str) -> str:

@@ -32,6 +32,15 @@ def test_resume_from_checkpoint_equals_uninterrupted_run(toy_overrides, tmp_path
     _same_summary(full.summary, resumed.summary)
     lines = [json.loads(line) for line in (partial / "metrics.jsonl").read_text().splitlines()]
     assert [m["round"] for m in lines] == [1, 2, 3, 4]
+    if method == "fedavg":  # seconds apart: evaluation (every round here), the checkpoint in the round it follows
+        full_lines = [json.loads(line) for line in (tmp_path / "full" / "metrics.jsonl").read_text().splitlines()]
+        assert [sorted(k for k in m if k.endswith("_seconds")) for m in full_lines] == [
+            ["eval_seconds", "round_seconds"],
+            ["checkpoint_seconds", "eval_seconds", "round_seconds"],
+            ["eval_seconds", "round_seconds"],
+            ["eval_seconds", "round_seconds"],
+        ]
+        assert all(m[k] >= 0 for m in full_lines for k in m if k.endswith("_seconds"))
 
 
 def test_resume_errors(tmp_path):

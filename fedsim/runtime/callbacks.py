@@ -21,6 +21,9 @@ class Callback:
     def on_round_end(self, simulator, metrics: dict) -> Optional[bool]:
         return None
 
+    def on_checkpoint(self, simulator, metrics: dict) -> None:
+        """After the checkpoint that follows a round: ``metrics`` (that round's) now holds ``checkpoint_seconds``."""
+
     def on_run_end(self, simulator, summary: dict) -> None:
         pass
 
@@ -48,6 +51,7 @@ class MetricsFile(Callback):
 
     def __init__(self, path: Path):
         self.path = Path(path)
+        self.last_line_at = 0  # byte offset of the last round's line
 
     def on_run_start(self, simulator) -> None:
         # a resumed run rewrites the rounds kept in its checkpoint (later lines of the killed run are dropped)
@@ -55,6 +59,14 @@ class MetricsFile(Callback):
 
     def on_round_end(self, simulator, metrics: dict) -> None:
         with self.path.open("a") as fh:
+            self.last_line_at = fh.tell()
+            fh.write(json.dumps(metrics, sort_keys=True) + "\n")
+
+    def on_checkpoint(self, simulator, metrics: dict) -> None:
+        """The round's line again, with the seconds its checkpoint took."""
+        with self.path.open("r+") as fh:
+            fh.seek(self.last_line_at)
+            fh.truncate()
             fh.write(json.dumps(metrics, sort_keys=True) + "\n")
 
 

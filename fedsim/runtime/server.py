@@ -119,7 +119,7 @@ class Server:
             metrics["client_failures"] = failures
         metrics["bytes_sent"] = self.executor.bytes_sent - sent
         metrics["bytes_received"] = self.executor.bytes_received - received
-        metrics["round_seconds"] = time.perf_counter() - started
+        metrics["round_seconds"] = time.perf_counter() - started - metrics.get("eval_seconds", 0.0)
         return metrics
 
     def _round(self, ctx: RoundContext, evaluate: bool) -> dict:
@@ -132,8 +132,10 @@ class Server:
                 check_tensors(self.method.global_tensors(self.state), "global tensor {name}", **where)
                 metrics = {"round": ctx.round, **metrics}
                 if evaluate:
+                    started = time.perf_counter()
                     metrics.update(self.method.evaluate_round(ctx, self.state))
                     metrics["evaluated"] = True
+                    metrics["eval_seconds"] = time.perf_counter() - started
         except NumericalError as exc:
             raise unwrapped(exc).located(**where) from None
         return metrics

@@ -82,7 +82,11 @@ class Simulator:
             if any(stop):  # early stopping acts on evaluated rounds only, so the last round has accuracies
                 break
             if self.out_dir is not None and every and rnd % every == 0 and rnd < rounds:
+                started_checkpoint = time.perf_counter()
                 self.checkpoint(rnd)
+                metrics["checkpoint_seconds"] = time.perf_counter() - started_checkpoint
+                for callback in self.callbacks:
+                    callback.on_checkpoint(self, metrics)
         summary = self.summary(time.perf_counter() - started)
         for callback in self.callbacks:
             callback.on_run_end(self, summary)
