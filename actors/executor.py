@@ -47,9 +47,15 @@ class ActorFailed(UserError):
 
 
 def reason(exc: BaseException) -> str:
-    """One line saying why a Ray call failed: the error's type and the first line of its message."""
+    """One line saying why a Ray call failed: the error's type, its first line, why the actor is dead and its pid
+    (where Ray's message says so)."""
     lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-    return f"{type(exc).__name__}: {lines[0]}" if lines else type(exc).__name__
+    if not lines:
+        return type(exc).__name__
+    because = next((line for line in lines[1:] if line.startswith("The actor is dead because")), "")
+    pid = next((line.split(":", 1)[1].strip() for line in lines[1:] if line.startswith("pid:")), "")
+    text = lines[0] + (f" {because.split('. ')[0].rstrip('.')}." if because else "")
+    return f"{type(exc).__name__}: {text}" + (f" (pid {pid})" if pid else "")
 
 
 @dataclass(frozen=True)
@@ -124,13 +130,14 @@ class RayExecutor(Executor):
     def _submit(self, calls: Calls) -> dict:
         return {calls[index](self.actors[index]): index for index in sorted(calls)}
 
-    def _collect(self, pending: dict, calls: Calls, phase: str, rnd: int | None) -> dict[int, Any]:
-        """Wait for every pending call (ObjectRef -> actor index); a dead or silent actor is recreated and its
-        call redone. Past ``max_restarts``: ActorFailed, or, in a round (``rnd`` given), the index left out."""
+    def _collect(self, pending: dict, calls: Calls, phase: str, rnd: int | None, timeout: float = 0) -> dict:
+        """Wait for every pending call (ObjectRef -> actor index); a dead actor, or one silent for ``timeout``
+        seconds (0: no limit), is recreated and its call redone. Past ``max_restarts``: ActorFailed, or, in a
+        round (``rnd`` given), the index left out."""
         results: dict[int, Any] = {}
         attempts: dict[int, int] = {}
         while pending:
-            ref = self._next_done(pending)
+            ref = self._next_done(pending, timeout)
             index = pending.pop(ref)
             try:
                 results[index] = ray.get(ref)
@@ -141,13 +148,13 @@ class RayExecutor(Executor):
                     pending[calls[index](self.actors[index])] = index
         return results
 
-    def _next_done(self, pending: dict):
-        """The next finished call; a call that hangs past ``call_timeout`` is treated like a dead actor."""
-        done, _ = ray.wait(list(pending), num_returns=1, timeout=self.call_timeout or None)
+    def _next_done(self, pending: dict, timeout: float):
+        """The next finished call; a call that hangs past ``timeout`` is treated like a dead actor."""
+        done, _ = ray.wait(list(pending), num_returns=1, timeout=timeout or None)
         if done:
             return done[0]
         ref = next(iter(pending))
-        log.warning("client actor %d gave no reply for %.0f s: restarting it", pending[ref], self.call_timeout)
+        log.warning("client actor %d gave no reply for %.0f s: restarting it", pending[ref], timeout)
         ray.kill(self.actors[pending[ref]], no_restart=True)
         return ref
 
@@ -198,7 +205,8 @@ class RayExecutor(Executor):
                 log.warning("injected fault: killing client actor %d in round %d", index, rnd)
                 ray.kill(self.actors[index], no_restart=True)
         phase = "a setup stage" if replay else f"round {rnd}"
-        results = self._collect(pending, calls, phase, rnd=None if replay else rnd)  # a setup stage never drops
+        # a setup stage never goes on without a client; call_timeout applies to operations, not to start-up
+        results = self._collect(pending, calls, phase, None if replay else rnd, self.call_timeout)
         replies: dict[int, Reply] = {}
         for index, batch_replies in results.items():
             for item in batches[index]:
