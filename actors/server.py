@@ -15,7 +15,7 @@ import ray
 from ray.exceptions import RayActorError, RayTaskError
 
 from actors.executor import ActorFailed, reason
-from fedsim.errors import UserError
+from fedsim.errors import UserError, unwrapped
 from fedsim.runtime.server import SERVER_HANDLE_METHODS, Server
 
 log = logging.getLogger(__name__)
@@ -40,8 +40,9 @@ def get(ref, what: str):
     try:
         return ray.get(ref)
     except RayTaskError as exc:  # raised inside the server actor
-        if isinstance(exc.cause, UserError):
-            raise type(exc.cause)(*exc.cause.args) from None
+        cause = unwrapped(exc)  # a client actor's error arrives wrapped once more by the server actor
+        if isinstance(cause, UserError):
+            raise cause from None
         raise
     except RayActorError as exc:  # the server actor itself died
         raise ServerDied(
