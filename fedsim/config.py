@@ -86,6 +86,10 @@ class RunConfig:
 class ResourcesConfig:
     cpus_per_client: float = 1.0
     gpus_per_client: float = 0.0
+    vectorize: str = "off"  # "off": each client alone (the committed results); "auto": batched (docs/cluster.md)
+
+    def __post_init__(self):  # YAML reads a bare `off` as false
+        object.__setattr__(self, "vectorize", {"False": "off"}.get(self.vectorize, self.vectorize))
 
 
 @dataclass(frozen=True)
@@ -105,7 +109,6 @@ MOVED_KEYS = {
     "resources.call_timeout_s": "ray.call_timeout_s",
     "resources.max_actors": "ray.max_actors",
 }
-
 
 #: ``fedsim run`` flags (argparse names) and ``fedsim.run`` keywords -> config keys
 KEYWORDS = {
@@ -187,11 +190,9 @@ def read_yaml(path: str | Path) -> dict:
     except (yaml.YAMLError, UnicodeDecodeError, OSError) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise UserError(f"config file {str(p)!r} is not valid YAML ({first}): fix its syntax") from None
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
+    if not isinstance(data, (dict, type(None))):
         raise UserError(f"config file {str(p)!r} must hold a mapping of sections ({', '.join(SECTIONS)})")
-    return data
+    return data or {}
 
 
 def _check_sections(raw: dict) -> dict[str, dict]:
@@ -199,8 +200,7 @@ def _check_sections(raw: dict) -> dict[str, dict]:
     for name, value in raw.items():
         if name not in SECTIONS:
             raise UserError(f"unknown config section {name!r}: {closest(str(name), list(SECTIONS))}")
-        if value is None:
-            value = {}
+        value = {} if value is None else value
         if not isinstance(value, dict):
             raise UserError(f"config section {name!r} must be a mapping of keys to values")
         sections[name] = dict(value)

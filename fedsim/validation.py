@@ -161,6 +161,11 @@ def _resource_checks(resources, ray) -> list[tuple[bool, str]]:
             resources.gpus_per_client >= 0,
             f"resources.gpus_per_client must be 0 or more, got {resources.gpus_per_client}",
         ),
+        (
+            resources.vectorize in ("off", "auto"),
+            f"resources.vectorize must be 'off' or 'auto', got {resources.vectorize!r}: "
+            "e.g. --set resources.vectorize=auto",
+        ),
         (ray.max_restarts >= 0, f"ray.max_restarts must be 0 or more, got {ray.max_restarts}"),
         (ray.call_timeout_s >= 0, f"ray.call_timeout_s must be 0 (wait forever) or more, got {ray.call_timeout_s}"),
         (ray.max_actors is None or ray.max_actors > 0, f"ray.max_actors must be positive, got {ray.max_actors}"),
