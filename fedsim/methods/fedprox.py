@@ -20,6 +20,7 @@ class FedProx(FedAvg):
     """FedProx (Li et al. 2020): FedAvg plus the proximal term mu/2 ||w - w_global||^2."""
 
     server_needs_torch = False
+    vectorized_operations = {"fit": "fit_vectorized"}  # the proximal term batched too (proximal_mu)
 
     @dataclass(frozen=True)
     class Params:
@@ -28,6 +29,9 @@ class FedProx(FedAvg):
         def __post_init__(self):
             if self.mu < 0:
                 raise UserError(f"method.mu must be 0 or more, got {self.mu}: e.g. --set method.mu=0.01")
+
+    def proximal_mu(self) -> float:
+        return self.params.mu
 
     def local_loss(self, instruction: Instruction):
         import torch

@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
-from typing import Any, Iterable
+from typing import Any, Iterable, Sequence
 
 import torch
 
@@ -53,6 +53,7 @@ class ClientHost:
         self.client_ids = sorted(client_ids)
         self.method = METHODS.get(config.method.name)(config, federation, device=device)
         self.threads = threads_for(config.resources.cpus_per_client)
+        self.vectorize = config.resources.vectorize
         self._data: dict[int, Any] = {}
         self._state: dict[int, Any] = {}
         self._unbuilt: dict[str, int] = {}  # domain -> hosted clients whose data is not built yet
@@ -77,16 +78,56 @@ class ClientHost:
         if instruction.operation in HOST_OPERATIONS:
             return self._standardization(client_id, data, instruction)
         operation = self.method.operation(instruction.operation)
-        where = {"method": self.config.method.name, "round": instruction.config.get("round"), "client": client_id}
         try:
             with torch_threads(self.threads):
                 reply, self._state[client_id] = operation(instruction, self._state[client_id], data)
         except NumericalError as exc:  # raised where the value was found: add where in the run that was
-            raise exc.located(**where)
+            raise exc.located(**self._where(client_id, instruction))
+        return self._checked(client_id, instruction, reply)
+
+    def execute_batch(self, items: Sequence[tuple[int, Instruction]]) -> list[Reply]:
+        """Replies to ``(client id, instruction)`` pairs, in their order. With ``resources.vectorize: auto`` the
+        clients of one operation that the method runs batched go through it together
+        (:func:`fedsim.methods.common.vectorized.use_vectorized`); every other pair runs alone, in order."""
+        done: dict[int, Reply] = {}
+        if self.vectorize != "off":
+            from fedsim.methods.common.vectorized import use_vectorized
+
+            by_operation: dict[str, list[tuple[int, Instruction]]] = {}
+            for client_id, instruction in items:
+                by_operation.setdefault(instruction.operation, []).append((client_id, instruction))
+            for operation, group in by_operation.items():
+                if use_vectorized(self.vectorize, self.method, operation, len(group)):
+                    done.update(self._execute_vectorized(operation, group))
+        return [done[cid] if cid in done else self.execute(cid, instruction) for cid, instruction in items]
+
+    def _execute_vectorized(self, operation: str, items: list[tuple[int, Instruction]]) -> dict[int, Reply]:
+        """One call of the method's batched counterpart of ``operation`` for every client of ``items``."""
+        from fedsim.methods.common.vectorized import vectorized_operations
+
+        batched = getattr(self.method, vectorized_operations(self.method)[operation])
+        work = [(instruction, self._state[cid], data) for cid, instruction, data in self._with_data(items)]
+        with torch_threads(self.threads):
+            results = batched(work)
+        replies = {}
+        for (client_id, instruction), (reply, state) in zip(items, results):
+            self._state[client_id] = state
+            replies[client_id] = self._checked(client_id, instruction, reply)
+        return replies
+
+    def _with_data(self, items: list[tuple[int, Instruction]]) -> list[tuple[int, Instruction, ClientData]]:
+        return [(client_id, instruction, self._client(client_id)) for client_id, instruction in items]
+
+    def _where(self, client_id: int, instruction: Instruction) -> dict:
+        return {"method": self.config.method.name, "round": instruction.config.get("round"), "client": client_id}
+
+    def _checked(self, client_id: int, instruction: Instruction, reply: Reply) -> Reply:
+        """``reply`` after the checks every reply passes: its client id, and finite tensors."""
         if not isinstance(reply, Reply) or reply.client_id != client_id:
             raise TypeError(
                 f"{type(self.method).__name__}.{instruction.operation} must return Reply(client_id={client_id}, ...)"
             )
+        where = self._where(client_id, instruction)
         check_tensors(reply.tensors, "tensor {name} of its " + f"{instruction.operation} reply", **where)
         return reply
 

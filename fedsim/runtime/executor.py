@@ -64,7 +64,9 @@ class LocalExecutor(Executor):
         self.host = ClientHost(config, federation, federation.client_ids, device="cpu")
 
     def _dispatch(self, instructions: dict[int, Instruction], rnd: int, replay: bool) -> dict[int, Reply]:
-        return {cid: self.host.execute(cid, ins) for cid, ins in instructions.items()}
+        """One host call for every client, as a Ray actor gets one call for the batch of its clients."""
+        replies = self.host.execute_batch(list(instructions.items()))
+        return {reply.client_id: reply for reply in replies}
 
     def export_client_states(self) -> dict:
         return self.host.export_states()
