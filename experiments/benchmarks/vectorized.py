@@ -1,0 +1,104 @@
+"""Local training of K MLP clients: one client after the other (the loop) against one batched computation.
+
+Each client holds ``--samples`` random 53-d feature vectors (``--classes`` labels), starts from the same
+weights and runs one epoch of SGD (momentum 0.9) at batch 32 from its own seed: 50 steps at 1,600 samples.
+The loop is what a FedAvg client runs (``load_numpy``, ``make_optimizer``, ``train_epochs``,
+``model_to_numpy``); the batched form is :func:`fedsim.methods.common.vectorized.train_clients`, which
+``resources.vectorize: auto`` uses. Both run on one thread; each figure is the median of ``--repeats`` runs,
+and the last column is the largest weight difference between the two (rounding, which training on random labels
+can amplify for a few clients as much as a 1-ulp change of their start would). Measured figures: docs/cluster.md.
+
+    python -m experiments.benchmarks.vectorized [--clients 10 100 --samples 1600 --repeats 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import numpy as np
+
+from experiments.benchmarks.measure import machine
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--clients", type=int, nargs="+", default=[10, 100])
+    parser.add_argument("--samples", type=int, default=1600)
+    parser.add_argument("--features", type=int, default=53)
+    parser.add_argument("--classes", type=int, default=10)
+    parser.add_argument("--repeats", type=int, default=3)
+    return parser.parse_args()
+
+
+def make_jobs(args: argparse.Namespace, count: int, weights: dict) -> list:
+    from fedsim.methods.common.vectorized import ClientJob
+
+    rng = np.random.default_rng(count)
+    return [
+        ClientJob(
+            rng.normal(size=(args.samples, args.features)).astype(np.float32),
+            rng.integers(0, args.classes, args.samples),
+            weights,
+            seed=seed,
+        )
+        for seed in range(count)
+    ]
+
+
+def loop(model, jobs: list, settings) -> list[dict]:
+    """Each client alone, as ``GlobalClassifier.train`` runs it."""
+    import torch
+
+    from fedsim.data.base import ArraySplit
+    from fedsim.methods.common.training import load_numpy, make_optimizer, model_to_numpy, train_epochs
+
+    out = []
+    for job in jobs:
+        load_numpy(model, job.weights)
+        optimizer = make_optimizer(model, settings)
+        split = ArraySplit(job.x, job.y)
+        train_epochs(model, split, settings.local_epochs, settings.batch_size, optimizer, job.seed, torch.device("cpu"))
+        out.append(model_to_numpy(model))
+    return out
+
+
+def median_seconds(function, repeats: int):
+    """The median wall time of ``repeats`` calls and the last call's result."""
+    times = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        result = function()
+        times.append(time.perf_counter() - started)
+    return statistics.median(times), result
+
+
+def main() -> None:
+    args = parse_args()
+    import torch
+
+    from fedsim.methods.common.settings import LocalSettings
+    from fedsim.methods.common.training import model_to_numpy
+    from fedsim.methods.common.vectorized import train_clients
+    from fedsim.models.mlp import mlp
+
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    model = mlp((args.features,), args.classes)
+    settings = LocalSettings(local_epochs=1, batch_size=32, lr=0.05, momentum=0.9, weight_decay=0.0)
+    initial = model_to_numpy(model)  # the loop leaves its last client's weights in the model
+    steps = -(-args.samples // settings.batch_size)
+    print(f"MLP local training, {args.features}-d features, {steps} steps per client, one thread, {machine()}")
+    print(f"{'clients':>7s} {'loop s':>8s} {'batched s':>9s} {'speed-up':>8s} {'max |dw|':>9s}")
+    for count in args.clients:
+        jobs = make_jobs(args, count, initial)
+        loop(model, jobs[:1], settings)  # first steps pay torch's lazy imports
+        looped, reference = median_seconds(lambda: loop(model, jobs, settings), args.repeats)
+        batched, (weights, _) = median_seconds(lambda: train_clients(model, jobs, settings, "cpu"), args.repeats)
+        gap = max(float(np.abs(w[n] - r[n]).max()) for w, r in zip(weights, reference) for n in r)
+        print(f"{count:7d} {looped:8.3f} {batched:9.3f} {looped / batched:7.1f}x {gap:9.1e}")
+
+
+if __name__ == "__main__":
+    main()
