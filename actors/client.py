@@ -84,12 +84,12 @@ class ClientActor:
         Returns the replies and, as a second object kept in the object store for
         recovery, the batch clients' private states after the call.
         """
-        replies = []
+        items = []
         for client_id, operation, payload_index, config in batch:
             if self.kill:
                 self._hook(client_id, operation)
-            instruction = Instruction(operation, payloads[payload_index], config)
-            replies.append(self.host.execute(client_id, instruction))
+            items.append((client_id, Instruction(operation, payloads[payload_index], config)))
+        replies = self.host.execute_batch(items)  # one call: the host may train these clients batched
         worked = {item[0] for item in batch}
         states = {cid: st for cid, st in self.host.export_states().items() if cid in worked}
         return replies, states
