@@ -389,8 +389,8 @@ def test_local_and_ray_agree(toy_overrides, ray_cluster, tmp_path):
 
 def test_reproduce_grids_reach_the_dictionary_stage():
     """`fedsim reproduce feddadil [--quick]`: on digits the encoder rounds end before the last round (5 automatic
-    encoder rounds of 50 / 40; the quick grid's 3 rounds start with 1); TEP keeps the automatic setting (no encoder);
-    FedDaDiL and DaDiL run their own default rounds (50, 40)."""
+    encoder rounds of 50 / 40; the quick grid's 3 rounds start with 1); TEP learns on a 10-round MLP encoder, then
+    the default dictionary rounds (50, 40), and the quick grid's 3 rounds start with 1."""
     from experiments.reproduce_spec import load_spec, shrink, to_sweep
     from fedsim.methods.families.dictionary import DEFAULT_IMAGE_ENCODER_ROUNDS
 
@@ -400,11 +400,10 @@ def test_reproduce_grids_reach_the_dictionary_stage():
         configs = [sweep.config_for(p) for p in points]
         seen = {(c.data.benchmark, c.method.name, c.method.params.encoder_rounds, c.run.rounds) for c in configs}
         if quick:
-            assert seen == {
-                (b, m, 1 if b == "digits" else -1, 3) for b in ("tep", "digits") for m in ("feddadil", "dadil")
-            }
+            assert seen == {(b, m, 1, 3) for b in ("tep", "digits") for m in ("feddadil", "dadil")}
         else:
-            assert seen == {
-                (b, m, -1, 50 if m == "feddadil" else 40) for b in ("tep", "digits") for m in ("feddadil", "dadil")
+            default = {"feddadil": 50, "dadil": 40}
+            assert seen == {("digits", m, -1, r) for m, r in default.items()} | {
+                ("tep", m, 10, r + 10) for m, r in default.items()
             }
             assert DEFAULT_IMAGE_ENCODER_ROUNDS < 40
