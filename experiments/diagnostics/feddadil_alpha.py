@@ -2,7 +2,8 @@
 
 At the run's last checkpoint, every source client's DaDiL-R and DaDiL-E test accuracy two ways: with its own alpha
 (what FedDaDiL reports), and with alpha re-fitted on the same atoms (atoms frozen; ``--steps`` projected SGD steps
-on the client's DiL loss over its own training data, at the run's lr_alpha, momentum and batch size). When the
+on the client's DiL loss over its own training data, at the run's lr_alpha, momentum and batch size, on the
+class-balanced batches of FedDaDiL's round). When the
 re-fitted alpha scores no better, the gap lies in the atoms themselves. Source labels only.
 """
 
@@ -15,6 +16,7 @@ import torch
 
 from experiments.diagnostics.run_dir import RunDir, alpha_of, atoms, fmt_row, test_features
 from fedsim.methods.common import dictionary as dil
+from fedsim.methods.common import dictionary_sampling as sampling
 from fedsim.methods.common.dictionary_predictors import evaluate_predictors
 
 NAME = "feddadil-alpha"
@@ -36,13 +38,16 @@ def refit_alpha(run: RunDir, client_id: int, steps: int, seed: int) -> torch.Ten
     atoms_x, atoms_logits = atoms(run)
     x = torch.as_tensor(run.client_state(client_id)["train_features"]).float()
     labels = dil.one_hot_labels(run.train_labels(client_id), run.federation.num_classes)
+    classes = run.federation.num_classes
+    y = torch.as_tensor(run.train_labels(client_id))
     alpha = alpha_of(run, client_id).clone().requires_grad_(True)
     optimizer = torch.optim.SGD([alpha], lr=params.lr_alpha, momentum=method.momentum)
     generator = torch.Generator().manual_seed(seed)
-    for _ in range(steps):
-        idx = dil.atom_minibatches(len(atoms_x), atoms_x.shape[1], method.batch_size, generator)[0]
-        rows = dil.data_minibatch(len(x), method.batch_size, generator)
-        loss = dil.dil_loss(*dil.gather_atoms(atoms_x, atoms_logits, idx), alpha, x[rows], labels[rows], params)
+    for _ in range(steps):  # the round's batches: class-balanced atom rows (with replacement) and data rows
+        idx = sampling.balanced_atom_rows(atoms_logits, method.batch_size, generator, replace=True)
+        rows = sampling.domain_rows(y, len(x), classes, method.batch_size, generator)
+        rows_x, rows_logits = dil.gather_atoms(atoms_x, atoms_logits, idx)
+        loss = dil.dil_loss(rows_x, rows_logits, alpha, x[rows], labels[rows], params, generator)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()

@@ -155,11 +155,6 @@ def atom_minibatches(k: int, n: int, batch_size: int, generator: torch.Generator
     return [perms[:, i * batch_size : (i + 1) * batch_size] for i in range(max(n // batch_size, 1))]
 
 
-def data_minibatch(count: int, batch_size: int, generator: torch.Generator) -> torch.Tensor:
-    """A random mini-batch of a domain's samples, without replacement (all of them when it has fewer)."""
-    return torch.randperm(count, generator=generator)[:batch_size]
-
-
 def gather_atoms(atoms_x: torch.Tensor, atoms_logits: torch.Tensor, idx: torch.Tensor):
     """Rows ``idx[k]`` of every atom k: the atom mini-batch one loss is computed on (differentiable)."""
     rows = torch.arange(atoms_x.shape[0])[:, None]
