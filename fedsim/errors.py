@@ -60,6 +60,15 @@ class NumericalError(UserError, ValueError):
         return text + (f" ({self.checkpoint})" if self.checkpoint else "")
 
 
+def first_values(value, count: int = 5) -> str:
+    """The first ``count`` entries of ``value`` (an array or tensor), as a short text for a NumericalError."""
+    import numpy as np
+
+    flat = np.asarray(getattr(value, "detach", lambda: value)(), dtype=np.float64).ravel()
+    shown = ", ".join(f"{v:.4g}" for v in flat[:count])
+    return shown + (", ..." if flat.size > count else "")
+
+
 def unwrapped(exc: BaseException) -> BaseException:
     """The error a remote call raised, out of the wrappers a backend put around it: Ray's ``RayTaskError`` keeps it
     as ``.cause``, nested once per actor it passed through (a client actor, then the server actor)."""

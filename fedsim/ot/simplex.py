@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from fedsim.errors import NumericalError
+from fedsim.errors import NumericalError, first_values
 
 #: machine epsilons of rounding that computed weights may carry (a float32 projection of a large step, K atoms)
 ROUNDING_EPSILONS = 1024
@@ -55,10 +55,9 @@ def check_finite(v: torch.Tensor, what: str) -> None:
     """A NumericalError (a ValueError) naming ``what`` when ``v`` holds nan or inf: values a diverged computation
     produced; the runtime adds the method, round and client."""
     if not bool(torch.isfinite(v).all()):
-        shown = ", ".join(f"{x:.4g}" for x in v.detach().flatten()[:5].tolist())
         raise NumericalError(
             what,
-            shown,
+            first_values(v),
             "the computation that produced it diverged (e.g. a gradient step whose learning rate is too high)",
         )
 

@@ -7,17 +7,10 @@ from typing import Any, Mapping, Optional
 
 import numpy as np
 
-from fedsim.errors import NumericalError
+from fedsim.errors import NumericalError, first_values
 
 #: what a non-finite weight means and what to change (the method's own rates: its docs and its Params)
 DIVERGED = "the computation that produced it diverged; lower the method's learning rate (method.lr or its own rates)"
-
-
-def first_values(value: Any, count: int = 5) -> str:
-    """The first ``count`` entries of ``value`` (an array or tensor), as a short text for a message."""
-    flat = np.asarray(getattr(value, "detach", lambda: value)(), dtype=np.float64).ravel()
-    shown = ", ".join(f"{v:.4g}" for v in flat[:count])
-    return shown + (", ..." if flat.size > count else "")
 
 
 def non_finite(tensors: Mapping[str, Any]) -> Optional[str]:

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from fedsim.errors import NumericalError, UserError
+from fedsim.errors import NumericalError, UserError, first_values
 from fedsim.ot.barycenter import labeled_barycenter
 from fedsim.ot.simplex import project_simplex, renormalized
 from fedsim.ot.wasserstein import SOLVERS, wasserstein_distance
@@ -241,8 +241,9 @@ def dil_step(optimizer: torch.optim.Optimizer, loss: torch.Tensor, atoms: list, 
 
 def diverged(what: str, value: torch.Tensor) -> NumericalError:
     """The error of a dictionary quantity that is no longer finite, with its first values and the rates to lower."""
-    shown = ", ".join(f"{v:.4g}" for v in value.detach().flatten()[:5].tolist())
-    return NumericalError(what, shown, "the dictionary's step diverged; lower method.lr_atoms, lr_labels or lr_alpha")
+    return NumericalError(
+        what, first_values(value), "the dictionary's step diverged; lower method.lr_atoms, lr_labels or lr_alpha"
+    )
 
 
 def one_hot_labels(y: Optional[np.ndarray], classes: int) -> Optional[torch.Tensor]:
