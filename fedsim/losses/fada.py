@@ -189,15 +189,16 @@ class AdversarialAlignment:
 class Disentanglement:
     """The updates of Sec. 3.3 (Eq. 4-7) on the batches of a source.
 
-    With ``train_generator`` (the paper: the disentangler is trained end to end with G_i), Eq. 4 and
-    Eq. 6-7 also update G_i: its features are recomputed for each update, so each backward pass goes
-    through G_i once; without it, G_i is fixed (features under ``no_grad``).
+    With ``train_generator`` (the paper: the disentangler is trained end to end with G_i), Eq. 4 also
+    updates G_i; the MI and reconstruction terms (Eq. 6-7) move D_i and R_i only, as in the authors' DAL
+    code (Peng et al., ICML 2019, ``solver_disentangle.py``), which never steps G with them. Without
+    ``train_generator`` G_i is fixed throughout (features under ``no_grad``).
 
     ``net`` has the invariant branch D_inv and the classifier C; ``parts`` the specific branch D_spec,
     the class identifier CI, the reconstructor R and the MINE statistics network T
     (:class:`fedsim.models.fada_parts.SourceParts`). One optimizer per update, from ``make_optimizer``
     (a list of parameters -> optimizer): ``classify`` (D_inv, C, D_spec, CI; + G_i), ``entropy`` (D_spec),
-    ``disentangle`` (D_inv, D_spec, R; + G_i); T has its own ``statistics_optimizer`` (Adam, kept across
+    ``disentangle`` (D_inv, D_spec, R); T has its own ``statistics_optimizer`` (Adam, kept across
     rounds; ``docs/fada.md``). D_i minimizes the positive part of the MI estimate: mutual information is never
     negative, and a D_i that pushes a fixed T's bound below zero only exploits T. Puts ``net`` and ``parts`` in
     training mode.
@@ -234,7 +235,6 @@ class Disentanglement:
             "statistics": statistics_optimizer,
             "disentangle": make_optimizer(
                 [
-                    *generator,
                     *net.invariant.parameters(),
                     *parts.specific.parameters(),
                     *parts.reconstructor.parameters(),
@@ -268,17 +268,17 @@ class Disentanglement:
         self.update(
             "classify", F.cross_entropy(net.head(net.invariant(generated)), labels) + F.cross_entropy(ci_logits, labels)
         )
+        # Eq. 5-7 leave G_i fixed: its features after Eq. 4's step
+        generated = self.generate(inputs, fixed=True) if self.train_generator else generated
         # Eq. 5: the specific branch makes CI_i maximally uncertain
-        generated = self.generate(inputs, fixed=True) if self.train_generator else generated  # after G_i's step
         ci_logits = parts.class_identifier(parts.specific(generated))
         self.update("entropy", -self.lambda_entropy * entropy(ci_logits))
         # Eq. 6: T maximizes the bias-corrected MINE bound on I(f_di; f_ds)
-        generated = self.generate(inputs) if self.train_generator else generated
         invariant, specific = net.invariant(generated), parts.specific(generated)
         permutation = torch.randperm(len(inputs), generator=generator).to(inputs.device)
         joint, marginal = parts.mine_scores(invariant.detach(), specific.detach(), permutation)
         self.update("statistics", -self.mine.surrogate(joint, marginal))
-        # Eq. 6-7: D_i (and G_i) minimize the MI estimate; R_i rebuilds G_i(x) from both parts
+        # Eq. 6-7: D_i minimizes the MI estimate and R_i rebuilds G_i(x) from both parts (DAL: G is not moved)
         parts.statistics.requires_grad_(False)
         joint, marginal = parts.mine_scores(invariant, specific, permutation)
         estimate = mine_lower_bound(joint, marginal)

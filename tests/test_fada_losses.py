@@ -1,0 +1,56 @@
+"""FADA's disentanglement (Peng et al., ICLR 2020, Sec. 3.3) moves the networks the authors' DAL code moves."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from fedsim.losses.fada import Disentanglement, MINELoss
+from fedsim.models.fada_parts import FADANet, SourceParts, branch
+
+WIDTH, CLASSES = 8, 3
+
+
+def source_model(seed: int = 0) -> tuple[FADANet, SourceParts]:
+    torch.manual_seed(seed)
+    encoder = nn.Sequential(nn.Linear(5, WIDTH), nn.ReLU())
+    return FADANet(encoder, branch(WIDTH, WIDTH), nn.Linear(WIDTH, CLASSES)), SourceParts(WIDTH, CLASSES, 16, 16)
+
+
+def one_batch(net, parts, lambdas, train_generator=True) -> Disentanglement:
+    objective = Disentanglement(
+        net,
+        parts,
+        MINELoss(0.01),
+        torch.optim.Adam(parts.statistics.parameters(), lr=1e-3),
+        lambda params: torch.optim.SGD(params, lr=0.1),
+        *lambdas,
+        train_generator,
+    )
+    draw = torch.Generator().manual_seed(0)
+    inputs, labels = torch.randn(16, 5, generator=draw), torch.randint(0, CLASSES, (16,), generator=draw)
+    objective.step(inputs, labels, draw)
+    return objective
+
+
+def test_mutual_information_and_reconstruction_leave_the_generator_alone():
+    """DAL steps G with the classification loss only: after the batch, the last update (lambda_mi * MI +
+    lambda_recon * reconstruction) has sent no gradient into G_i, while D_inv, D_spec and R got one."""
+    net, parts = source_model()
+    one_batch(net, parts, (1.0, 1.0, 1.0))
+    assert all(p.grad is None for p in net.encoder.parameters())
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in parts.reconstructor.parameters())
+    assert net.invariant[0].weight.grad is not None and net.invariant[0].weight.grad.abs().sum() > 0
+
+
+def test_the_generator_moves_by_the_classification_step_only():
+    """With the entropy, MI and reconstruction weights at 0 or at 100, G_i ends the batch at the same weights:
+    only Eq. 4's cross-entropy moves it."""
+    ends = []
+    for lambdas in ((0.0, 0.0, 0.0), (100.0, 100.0, 100.0)):
+        net, parts = source_model()
+        one_batch(net, parts, lambdas)
+        ends.append([p.detach().clone() for p in net.encoder.parameters()])
+    start = [p.detach() for p in source_model()[0].encoder.parameters()]
+    assert all(torch.equal(a, b) for a, b in zip(*ends))
+    assert not all(torch.equal(a, s) for a, s in zip(ends[0], start))
