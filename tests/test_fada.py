@@ -106,6 +106,7 @@ def test_model_three_runs_every_stage_and_reports_its_metrics(model_three):
             "seed": derive_seed(config.run.seed, rnd, tid, "update"),
             "round": rnd,
             "sources": federation.source_ids,
+            "identifiers_won": history[rnd - 1]["mean_domain_identifier_accuracy"] >= 0.99,
         }
     # only the last source stage of a round sends the deltas
     for operation, last in (("fit", False), ("adversarial", False), ("disentangle", True)):
@@ -122,6 +123,7 @@ def test_model_three_runs_every_stage_and_reports_its_metrics(model_three):
         )
         assert all(0.0 <= v <= 1.0 for v in metrics["domain_identifier_accuracy"].values())
         assert 0.0 <= metrics["target_accuracy"] <= 1.0 and set(metrics["source_accuracy"]) == sources
+        assert 0.0 <= metrics["consensus_agreement"] <= 1.0 and metrics["guard_kept_alignment"] in (0.0, 1.0)
     # attention = softmax of the gap gains (temperature 1)
     gains = np.array([history[-1]["gap_gain"][d] for d in sorted(sources)])
     np.testing.assert_allclose([history[-1]["attention"][d] for d in sorted(sources)], softmax(gains), rtol=1e-9)
@@ -153,6 +155,8 @@ def test_each_switch_removes_its_stage(toy_overrides, switch, removed):
         assert "gap_statistic" in history[0]
     assert ("mine_estimate" in history[0]) == (switch != "disentangle")
     assert ("domain_identifier_accuracy" in history[0]) == (switch != "adversarial")
+    # the consensus guard only judges an alignment: without the adversarial stage it is inert and reports nothing
+    assert ("guard_kept_alignment" in history[0]) == ("consensus_agreement" in history[0]) == (switch != "adversarial")
 
 
 def test_target_training_operations_never_read_labels(model_three, toy_overrides):
@@ -228,6 +232,9 @@ def test_fada_refuses_several_target_clients_and_bad_params(toy_overrides):
         "method.target_batch=1",
         "method.gap_form=gap",
         "method.adversarial_steps=0",
+        "method.guard=always",
+        "method.guard_identifier_accuracy=0",
+        "method.guard_identifier_accuracy=1.5",
     ):
         with pytest.raises(UserError, match=bad.split("=")[0]):
             load_config(None, toy_overrides + ["method.name=fada", bad])

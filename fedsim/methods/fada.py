@@ -16,7 +16,8 @@ stages of Alg. 1 in its order, each one ``ctx.call``; the switches ``attention``
    and f_di and f_ds rebuild G_i(x)); back-propagated into G_i (``disentangle_generator``; off: G_i fixed).
 4. ``update`` (target, Sec. 3.1, Eq. 1-2): attention a_i = softmax(gain of the sources' deltas Delta_i = w_i - w_t
    on the target's invariant features / temperature), by ``gap_form`` (uniform with ``attention`` off:
-   :mod:`fedsim.methods.common.attention`); w_t <- w_t + sum_i a_i Delta_i goes to the server.
+   :mod:`fedsim.methods.common.attention`); w_t <- w_t + sum_i a_i Delta_i goes to the server, unless the
+   consensus guard (``guard``, fedsim's: :mod:`fedsim.methods.common.consensus_guard`) drops the round's alignment.
 
 Each client evaluates its own model; ``target_accuracy`` is G_t/C_t's. The target never reads
 ``train.y``; its batch-norm statistics change only through the sources' deltas. Parameters and their defaults'
@@ -41,6 +42,7 @@ from fedsim.methods.base import Method, Replies, ServerState, client_operation
 from fedsim.methods.common.alignment import TARGET_FEATURES, encode_subset
 from fedsim.methods.common.attention import apply_deltas, delta_tensors, gather_deltas, split_deltas, weigh_sources
 from fedsim.methods.common.batches import labeled_batch, labeled_batches
+from fedsim.methods.common.consensus_guard import GUARD_METRICS, consensus_guard, guard_inputs
 from fedsim.methods.common.settings import LocalSettings
 from fedsim.methods.common.training import (
     encode_in_chunks,
@@ -71,7 +73,7 @@ class FADA(Method):
     """FADA (Peng et al. 2020): per-client models, dynamic attention, adversarial alignment, disentanglement."""
 
     Params = FADAParams
-    transient_state_keys = ("alignment", "align_optimizer")  # the adversarial stage's optimizers, within a round
+    transient_state_keys = ("alignment", "align_optimizer", "round_start")  # the adversarial stage's, within a round
     disclosed_state_keys = ("net",)  # each client's model is sent on purpose: w_t by the target, w_i - w_t by a source
 
     def __init__(self, config, federation, device: str = "cpu"):
@@ -146,10 +148,13 @@ class FADA(Method):
 
     def attention_stage(self, ctx, sources: list[int], replies: Replies, metrics: dict) -> dict:
         """Sec. 3.1: the sources' deltas go to the target, which weighs them; returns the new target model."""
-        tid = self.target_id
-        updated = ctx.call("update", gather_deltas(replies), [tid], {"sources": [int(c) for c in sources]})[tid]
+        tid, p, config = self.target_id, self.params, {"sources": [int(c) for c in sources]}
+        if p.adversarial:  # the guard drops the alignment when the domain identifiers won the round
+            config["identifiers_won"] = metrics["mean_domain_identifier_accuracy"] >= p.guard_identifier_accuracy
+        updated = ctx.call("update", gather_deltas(replies), [tid], config)[tid]
         metrics["attention"] = {self.labels[cid]: updated.metrics[f"attention:{cid}"] for cid in sources}
-        if self.params.attention:  # gap_statistic: the dispersion I, its share or Tibshirani's Gap of w_t
+        metrics.update({key: updated.metrics[key] for key in GUARD_METRICS if key in updated.metrics})
+        if p.attention:  # gap_statistic: the dispersion I, its share or Tibshirani's Gap of w_t
             metrics["gap_statistic"] = updated.metrics["gap_statistic"]
             metrics["gap_gain"] = {self.labels[cid]: updated.metrics[f"gap_gain:{cid}"] for cid in sources}
         return dict(updated.tensors)
@@ -234,6 +239,7 @@ class FADA(Method):
         method = LocalSettings.from_config(config, self.config.method)
         if config["step"] == 1:
             state["align_optimizer"] = make_optimizer(net.encoder, method)  # G_t's, kept through the round's steps
+            state["round_start"] = model_to_numpy(net)  # w_t before the alignment, for the consensus guard
         gradients, optimizer = instruction.tensors, state["align_optimizer"]
         norm = align_generator(
             net, data.train.x, gradients, count, config["seed"], optimizer, method.batch_size, self.device
@@ -261,27 +267,30 @@ class FADA(Method):
 
     @client_operation
     def update(self, instruction: Instruction, state: Any, data: ClientData) -> tuple[Reply, Any]:
-        """Target (Sec. 3.1, Eq. 1-2): attention a_i over the sources' deltas from the gains of w_t + Delta_i over
-        w_t (uniform with ``attention`` off), then w_t <- w_t + sum_i a_i Delta_i."""
+        """Target (Sec. 3.1, Eq. 1-2): attention a_i from the gains of w_t + Delta_i over w_t (uniform: ``attention``
+        off), w_t <- w_t + sum_i a_i Delta_i, or w_start + sum_i a_i Delta_i by the :func:`consensus_guard`."""
         self.require(data, "update", target=True)
-        p, net, sources = self.params, state["net"], [int(c) for c in instruction.config["sources"]]
-        current = model_to_numpy(net)
+        p, net, config, start = self.params, state["net"], instruction.config, state.pop("round_start", None)
+        current, sources = model_to_numpy(net), [int(c) for c in config["sources"]]
         deltas = split_deltas(instruction.tensors, sources, list(current))
         k = p.gap_clusters or self.federation.num_classes
         gap = (p.gap_samples, k, p.gap_references, p.attention_temperature, p.gap_form) if p.attention else None
-        encode = lambda w, inputs: self.invariant_features(net, w, inputs)  # noqa: E731
-        weights, metrics = weigh_sources(
-            encode, current, deltas, data.train.x, sources, instruction.config["seed"], gap
-        )
-        load_numpy(net, apply_deltas(current, deltas, weights))
-        return Reply(data.client_id, model_to_numpy(net), metrics, num_examples=len(data.train)), state
+        encode = lambda w, inputs: self.outputs(net, w, inputs, net.invariant_features)  # noqa: E731
+        weights, metrics = weigh_sources(encode, current, deltas, data.train.x, sources, config["seed"], gap)
+        updated, guarded = apply_deltas(current, deltas, weights), {}
+        if p.guard == "consensus" and start is not None:  # inert without an alignment (model I)
+            inputs = guard_inputs(data.train.x, p.gap_samples, derive_seed(config["seed"], "consensus-guard"))
+            predict, won = lambda w, x: self.outputs(net, w, x, net), bool(config.get("identifiers_won", False))
+            updated, guarded = consensus_guard(predict, start, current, deltas, weights, inputs, won)
+        load_numpy(net, updated)
+        return Reply(data.client_id, model_to_numpy(net), {**metrics, **guarded}, num_examples=len(data.train)), state
 
     @torch.no_grad()
-    def invariant_features(self, net: FADANet, weights, x: np.ndarray) -> np.ndarray:
-        """D_inv(G(x)) of the model with ``weights``, in eval mode."""
+    def outputs(self, net: FADANet, weights, x: np.ndarray, part) -> np.ndarray:
+        """``part`` (D_inv(G(x)), or the logits with ``net`` itself) of the model with ``weights``, in eval mode."""
         load_numpy(net, weights)
         net.eval()
-        return encode_in_chunks(net.invariant_features, x, self.device).numpy()
+        return encode_in_chunks(part, x, self.device).numpy()
 
     @client_operation
     def evaluate(self, instruction: Instruction, state: Any, data: ClientData) -> tuple[Reply, Any]:

@@ -83,7 +83,10 @@ def gap_statistic(features: np.ndarray, k: int, uniform: np.ndarray, seed: int) 
     principal components of the centered features (X = U D V^T, ranges of X V,
     back-transformed by V^T). ``uniform`` holds B draws U[0, 1) of shape
     (B, n, d), scaled here to that box. Larger = the features cluster better
-    than uniform noise over the same box.
+    than uniform noise over the same box. Gap is unchanged by a rescaling of
+    the features; they are divided by their root-mean-square first, so that
+    the floor of log W_k is relative to their scale and Gap stays scale-free
+    for clusters that collapse to points.
     """
     from threadpoolctl import threadpool_limits
 
@@ -94,6 +97,8 @@ def gap_statistic(features: np.ndarray, k: int, uniform: np.ndarray, seed: int) 
         )
     with threadpool_limits(1):  # one thread: the same sums on every backend
         centered = points - points.mean(0)
+        rms = float(np.sqrt((centered**2).mean())) if centered.size else 0.0
+        centered = centered / rms if rms > 0 else centered
         _, _, vt = np.linalg.svd(centered, full_matrices=False)
         rotated = centered @ vt.T
         low, high = rotated.min(0), rotated.max(0)

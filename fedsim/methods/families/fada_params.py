@@ -1,7 +1,12 @@
 """The parameters of FADA (Peng, Huang, Zhu & Saenko, ICLR 2020), :class:`fedsim.methods.fada.FADA`'s ``Params``.
 
 The switches ``attention``, ``adversarial`` and ``disentangle`` give the paper's models I, II and III (Sec. 4);
-each default names its source, and ``docs/fada.md`` gives the reasons.
+each default names its source, and ``docs/fada.md`` gives the reasons. The authors' code is not public; the loss
+weights ``lambda_adv``, ``lambda_mi``, ``lambda_recon`` and the constant schedule are those of the first author's DAL
+(Peng, Huang, Sun & Saenko, ICML 2019; VisionLearningGroup/DAL, ``DAL_digits_release/solver_disentangle.py``), whose
+disentanglement and MINE FADA follows (Sec. 3.3). DAL's optimizer (Adam 2e-4, weight decay 5e-4, batch 128) is not
+taken: the local training stays FedAvg's, so the compute-matched controls compare like with like. The consensus
+guard (``guard``) is fedsim's: :mod:`fedsim.methods.common.consensus_guard`.
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ from dataclasses import dataclass
 from fedsim.errors import UserError
 from fedsim.methods.common.attention import GAIN_FORMS
 from fedsim.methods.common.checks import check_params
+from fedsim.methods.common.consensus_guard import GUARDS
 
 
 @dataclass(frozen=True)
@@ -22,24 +28,28 @@ class FADAParams:
     disentangle_generator: bool = True  # Eq. 4-7 train G_i too (the paper); false: G_i fixed in that stage
     adversarial: bool = True  # the adversarial alignment stage (the paper's models II and III)
     disentangle: bool = True  # the representation disentanglement stage (the paper's model III)
-    lambda_adv: float = 0.1  # weight of the confusion loss on G_i and G_t, times the schedule: a rule on the sources
-    schedule: str = "dann"  # "dann": lambda_adv * (2 / (1 + exp(-10 p)) - 1) at progress p (Ganin et al.); "constant"
+    lambda_adv: float = 0.01  # weight of the confusion loss on G_i and G_t: DAL's adversarial weight (module docstring)
+    schedule: str = "constant"  # lambda_adv throughout (DAL); "dann": times 2 / (1 + exp(-10 p)) - 1 (Ganin et al.)
     target_batch: int = 32  # target features sent per alternation (a cost rule: one source batch's worth)
     adversarial_steps: int = 10  # D / G_i / G_t alternations per round (not in the paper: a cost rule)
     disentangle_steps: int = 0  # mini-batches per round of the disentanglement stage (0: one pass)
     identifier_hidden: int = 256  # units per hidden layer of the domain identifier (2 layers)
     parts_hidden: int = 128  # hidden units of the class identifier and the MINE statistics network
-    lambda_entropy: float = 1.0  # weight of the class-identifier entropy maximized by D_i (Eq. 5)
-    lambda_mi: float = 0.1  # weight of the MINE estimate minimized by D_i (Eq. 6)
-    lambda_recon: float = 1.0  # weight of the reconstruction L2 (Eq. 7; the paper's weight)
+    lambda_entropy: float = 1.0  # weight of the class-identifier entropy maximized by D_i (Eq. 5): DAL's 1
+    lambda_mi: float = 1e-4  # weight of the MINE estimate minimized by D_i (Eq. 6): DAL's
+    lambda_recon: float = 0.01  # weight of the reconstruction L2 (Eq. 7): DAL's
     mine_rate: float = 0.01  # moving-average rate of the MINE gradient correction (Belghazi et al. 2018, Sec. 3.2)
     mine_lr: float = 1e-4  # Adam learning rate of the MINE statistics network (kept across rounds)
     gap_samples: int = 256  # target inputs encoded for the gains
     gap_references: int = 5  # uniform reference sets B of the gap statistic (``gap_form: tibshirani``)
     gap_clusters: int = 0  # k of k-means (0: the number of classes)
     attention_temperature: float = 1.0  # softmax temperature over the gains (the paper's softmax: 1)
+    guard: str = "consensus"  # the target keeps its round's alignment only if it agrees with the sources (fedsim's)
+    guard_identifier_accuracy: float = 0.99  # mean domain-identifier accuracy at which the alignment is dropped
 
     def __post_init__(self):
+        if self.guard in ("False", False):  # YAML reads a bare `off` as false
+            object.__setattr__(self, "guard", "off")
         positive = ("identifier_hidden", "parts_hidden", "gap_references", "attention_temperature", "mine_lr")
         check_params(
             self,
@@ -53,7 +63,8 @@ class FADAParams:
                 "disentangle_steps",
                 "gap_clusters",
             ),
-            choices={"gap_form": GAIN_FORMS, "schedule": ("dann", "constant")},
+            choices={"gap_form": GAIN_FORMS, "schedule": ("dann", "constant"), "guard": GUARDS},
         )
-        if not 0 < self.mine_rate <= 1:
-            raise UserError(f"method.mine_rate must be in (0, 1], got {self.mine_rate}")
+        for name in ("mine_rate", "guard_identifier_accuracy"):
+            if not 0 < getattr(self, name) <= 1:
+                raise UserError(f"method.{name} must be in (0, 1], got {getattr(self, name)}")
