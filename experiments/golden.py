@@ -1,7 +1,7 @@
 """Record or check the numbers of every registered method on tiny fixed-seed configs, on both backends.
 
     python -m experiments.golden check tests/golden/summaries.json [--only fedavg,fada]
-    python -m experiments.golden record tests/golden/summaries.json
+    python -m experiments.golden record tests/golden/summaries.json [--only fada]  (--only: the other cases kept)
 
 The golden summaries live in ``tests/golden/summaries.json``. ``check`` compares each run's summary (wall
 time left out), every evaluated round's metrics (timings left out) and a hash of the final global tensors
@@ -216,9 +216,10 @@ def main(argv=None) -> int:
         parser.exit(2, f"unknown case(s) {unknown}: choose from {', '.join(CASES)}\n")
     results = record_all(cases)
     path = Path(args.file)
-    if args.mode == "record":
+    if args.mode == "record":  # with --only, the other cases' records are kept
+        kept = json.loads(path.read_text()) if args.only and path.exists() else {}
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(results, indent=1, sort_keys=True) + "\n")
+        path.write_text(json.dumps({**kept, **results}, indent=1, sort_keys=True) + "\n")
         return 0
     expected = json.loads(path.read_text())
     failed = 0
