@@ -54,3 +54,19 @@ def test_the_generator_moves_by_the_classification_step_only():
     start = [p.detach() for p in source_model()[0].encoder.parameters()]
     assert all(torch.equal(a, b) for a, b in zip(*ends))
     assert not all(torch.equal(a, s) for a, s in zip(ends[0], start))
+
+
+def test_the_disentanglement_stage_takes_dals_adam_unless_told_the_local_sgd():
+    """Eq. 4-7's updates use DAL's Adam (lr 2e-4, weight decay 5e-4) by default; ``disentangle_optimizer: local``
+    gives the local training's SGD (lr, momentum and weight decay of the method section)."""
+    from types import SimpleNamespace
+
+    from fedsim.methods.families.fada_params import FADAParams
+
+    params = [nn.Parameter(torch.zeros(2))]
+    adam = FADAParams().disentangle_optimizers(None)(params)
+    assert isinstance(adam, torch.optim.Adam)
+    assert adam.defaults["lr"] == 2e-4 and adam.defaults["weight_decay"] == 5e-4
+    local = SimpleNamespace(lr=0.05, momentum=0.9, weight_decay=0.0)
+    sgd = FADAParams(disentangle_optimizer="local").disentangle_optimizers(local)(params)
+    assert isinstance(sgd, torch.optim.SGD) and (sgd.defaults["lr"], sgd.defaults["momentum"]) == (0.05, 0.9)

@@ -255,7 +255,7 @@ class FADA(Method):
         p, net, parts = self.params, state["net"], state["parts"]
         method = LocalSettings.from_config(instruction.config, self.config.method)
         objective = Disentanglement(
-            *(net, parts, state["mine"], state["mine_optimizer"], lambda params: make_optimizer(params, method)),
+            *(net, parts, state["mine"], state["mine_optimizer"], p.disentangle_optimizers(method)),
             *(p.lambda_entropy, p.lambda_mi, p.lambda_recon, p.disentangle_generator),
         )
         generator = torch.Generator().manual_seed(instruction.config["seed"])  # the batches and the MINE pairings

@@ -5,8 +5,9 @@ each default names its source, and ``docs/fada.md`` gives the reasons. The autho
 weights ``lambda_adv``, ``lambda_mi``, ``lambda_recon`` and the constant schedule are those of the first author's DAL
 (Peng, Huang, Sun & Saenko, ICML 2019; VisionLearningGroup/DAL, ``DAL_digits_release/solver_disentangle.py``), whose
 disentanglement and MINE FADA follows (Sec. 3.3). DAL's optimizer (Adam 2e-4, weight decay 5e-4, batch 128) is not
-taken: the local training stays FedAvg's, so the compute-matched controls compare like with like. The consensus
-guard (``guard``) is fedsim's: :mod:`fedsim.methods.common.consensus_guard`.
+taken for the local training, which stays FedAvg's so that the compute-matched controls compare like with like; it
+is taken for the disentanglement stage, where FedAvg's SGD let a source's features diverge (``docs/fada.md``).
+The consensus guard (``guard``) is fedsim's: :mod:`fedsim.methods.common.consensus_guard`.
 """
 
 from __future__ import annotations
@@ -38,6 +39,9 @@ class FADAParams:
     lambda_entropy: float = 1.0  # weight of the class-identifier entropy maximized by D_i (Eq. 5): DAL's 1
     lambda_mi: float = 1e-4  # weight of the MINE estimate minimized by D_i (Eq. 6): DAL's
     lambda_recon: float = 0.01  # weight of the reconstruction L2 (Eq. 7): DAL's
+    disentangle_optimizer: str = "dal"  # Eq. 4-7's updates: "dal", Adam (DAL's); "local", FedAvg's SGD (diverged)
+    disentangle_lr: float = 2e-4  # DAL's Adam learning rate
+    disentangle_weight_decay: float = 5e-4  # DAL's Adam weight decay
     mine_rate: float = 0.01  # moving-average rate of the MINE gradient correction (Belghazi et al. 2018, Sec. 3.2)
     mine_lr: float = 1e-4  # Adam learning rate of the MINE statistics network (kept across rounds)
     gap_samples: int = 256  # target inputs encoded for the gains
@@ -50,7 +54,14 @@ class FADAParams:
     def __post_init__(self):
         if self.guard in ("False", False):  # YAML reads a bare `off` as false
             object.__setattr__(self, "guard", "off")
-        positive = ("identifier_hidden", "parts_hidden", "gap_references", "attention_temperature", "mine_lr")
+        positive = (
+            "identifier_hidden",
+            "parts_hidden",
+            "gap_references",
+            "attention_temperature",
+            "mine_lr",
+            "disentangle_lr",
+        )
         check_params(
             self,
             at_least_two=("target_batch", "gap_samples"),
@@ -62,9 +73,28 @@ class FADAParams:
                 "lambda_recon",
                 "disentangle_steps",
                 "gap_clusters",
+                "disentangle_weight_decay",
             ),
-            choices={"gap_form": GAIN_FORMS, "schedule": ("dann", "constant"), "guard": GUARDS},
+            choices={
+                "gap_form": GAIN_FORMS,
+                "schedule": ("dann", "constant"),
+                "guard": GUARDS,
+                "disentangle_optimizer": ("dal", "local"),
+            },
         )
         for name in ("mine_rate", "guard_identifier_accuracy"):
             if not 0 < getattr(self, name) <= 1:
                 raise UserError(f"method.{name} must be in (0, 1], got {getattr(self, name)}")
+
+    def disentangle_optimizers(self, local_settings):
+        """The factory (parameters -> optimizer) of the disentanglement stage's updates (Eq. 4-7): DAL's Adam, or
+        the local training's SGD (``local_settings``) with ``disentangle_optimizer: local``."""
+        import torch
+
+        from fedsim.methods.common.training import make_optimizer
+
+        if self.disentangle_optimizer == "local":
+            return lambda params: make_optimizer(params, local_settings)
+        return lambda params: torch.optim.Adam(
+            params, lr=self.disentangle_lr, weight_decay=self.disentangle_weight_decay
+        )
