@@ -234,11 +234,7 @@ class Disentanglement:
             "entropy": make_optimizer(list(parts.specific.parameters())),
             "statistics": statistics_optimizer,
             "disentangle": make_optimizer(
-                [
-                    *net.invariant.parameters(),
-                    *parts.specific.parameters(),
-                    *parts.reconstructor.parameters(),
-                ]
+                [*net.invariant.parameters(), *parts.specific.parameters(), *parts.reconstructor.parameters()]
             ),
         }
         self.sums = dict.fromkeys(self.METRICS, 0.0)
