@@ -38,6 +38,20 @@ def write_image_domains(root, num_domains=3, per_domain=120, classes=3, seed=0):
     return root
 
 
+class LabelGuard:
+    """The target's training split, with labels that raise when read at all (even ``y is None``)."""
+
+    def __init__(self, x):
+        self.x = x
+
+    @property
+    def y(self):
+        raise AssertionError("the target client's training labels were read")
+
+    def __len__(self):
+        return len(self.x)
+
+
 class RecordingExecutor(LocalExecutor):
     """A local executor that keeps every exchange, for tests that inspect what crossed the wire.
 

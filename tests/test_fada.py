@@ -6,7 +6,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from conftest import RecordingExecutor, run_until
+from conftest import LabelGuard, RecordingExecutor, run_until
 
 from fedsim.api import run_experiment
 from fedsim.config import load_config
@@ -40,20 +40,6 @@ FAST = [
 ]
 ADVERSARIAL = ["features", "adversarial", "align"] * 3  # method.adversarial_steps=3 alternations
 ALL_STAGES = ["fit", *ADVERSARIAL, "disentangle", "update"]
-
-
-class LabelGuard:
-    """The target's training split, with labels that raise when read at all (even ``y is None``)."""
-
-    def __init__(self, x):
-        self.x = x
-
-    @property
-    def y(self):
-        raise AssertionError("the target client's training labels were read")
-
-    def __len__(self):
-        return len(self.x)
 
 
 def guard_target_labels(executor, federation):

@@ -4,7 +4,7 @@ import dataclasses
 
 import numpy as np
 import pytest
-from conftest import RecordingExecutor
+from conftest import LabelGuard, RecordingExecutor
 
 from fedsim.config import load_config
 from fedsim.data.scenario import build_federation, load_client_data
@@ -94,20 +94,6 @@ def test_guard_inputs_are_a_seeded_subset_in_pool_order():
 
 
 # ----------------------------------------------------------------------------- the guard inside FADA's target update
-
-
-class LabelGuard:
-    """A target training split whose labels raise when read at all."""
-
-    def __init__(self, x):
-        self.x = x
-
-    @property
-    def y(self):
-        raise AssertionError("the target client's training labels were read")
-
-    def __len__(self):
-        return len(self.x)
 
 
 def target_update(toy_overrides, train, identifiers_won, *extra):

@@ -39,6 +39,11 @@ GAIN_FORMS = ("dispersion", "share", "tibshirani")
 DELTA = "delta:"  # the prefix of a model delta among a reply's tensors
 
 
+def subset_rows(pool: np.ndarray, samples: int, rng: np.random.Generator) -> np.ndarray:
+    """``samples`` rows of ``pool`` (all when fewer), drawn by ``rng`` without replacement, in pool order."""
+    return pool[np.sort(rng.choice(len(pool), size=min(samples, len(pool)), replace=False))]
+
+
 def kmeans_inertia(points: np.ndarray, k: int, seed: int) -> float:
     """W_k = sum_r D_r / (2 n_r), the k-means within-cluster sum of squares (Tibshirani et al. 2001, Eq. 2;
     FADA's dispersion I), one k-means++ start with a seeded random_state."""
@@ -164,7 +169,7 @@ def dynamic_attention(
     if form not in GAIN_FORMS:
         raise ValueError(f"the attention gain is one of {GAIN_FORMS}, got {form!r}")
     rng = numpy_rng(seed)
-    inputs = pool[np.sort(rng.choice(len(pool), size=min(samples, len(pool)), replace=False))]
+    inputs = subset_rows(pool, samples, rng)
     before_features = encode(current, inputs)
     if form == "dispersion":
         before = dispersion(before_features, k, seed)

@@ -20,7 +20,7 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
-from fedsim.methods.common.attention import apply_deltas
+from fedsim.methods.common.attention import apply_deltas, subset_rows
 from fedsim.seeding import numpy_rng
 
 Weights = Mapping[str, np.ndarray]
@@ -30,8 +30,7 @@ GUARD_METRICS = ("consensus_agreement", "guard_kept_alignment")  # the target's 
 
 def guard_inputs(pool: np.ndarray, samples: int, seed: int) -> np.ndarray:
     """``samples`` rows of ``pool`` (all when fewer), drawn without replacement from ``seed``, in pool order."""
-    rng = numpy_rng(seed)
-    return pool[np.sort(rng.choice(len(pool), size=min(samples, len(pool)), replace=False))]
+    return subset_rows(pool, samples, numpy_rng(seed))
 
 
 def softmax_rows(logits: np.ndarray) -> np.ndarray:
