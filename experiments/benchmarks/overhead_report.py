@@ -61,7 +61,7 @@ def report(rows: dict, cluster_start: float) -> None:
         "CPU seconds of the whole tree and load average (1 min) before each way: "
         + "; ".join(f"{way} {r['cpu_s']:.1f} s (load {r['load']:.2f})" for way, r in rows.items())
     )
-    print(f"floor accuracies: {rows['floor']['detail']}")
+    print(f"floor accuracies: {rows['floor']['detail']['accuracy']}")
     print(f"accuracies agree: {len({round(r['accuracy'], 6) for r in rows.values()}) == 1}")
     if "ray" in rows:
         r = rows["ray"]

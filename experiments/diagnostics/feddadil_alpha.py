@@ -10,14 +10,14 @@ re-fitted alpha scores no better, the gap lies in the atoms themselves. Source l
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
 
 from experiments.diagnostics.run_dir import RunDir, alpha_of, atoms, fmt_row, test_features
-from fedsim.methods.common import dictionary as dil
-from fedsim.methods.common import dictionary_sampling as sampling
-from fedsim.methods.common.dictionary_predictors import evaluate_predictors
+
+if TYPE_CHECKING:  # torch loads when a diagnostic runs, not when the CLI starts
+    import torch
 
 NAME = "feddadil-alpha"
 HELP = "each source's DaDiL-R / -E accuracy with its own alpha and with alpha re-fitted on the atoms (FedDaDiL)"
@@ -34,6 +34,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def refit_alpha(run: RunDir, client_id: int, steps: int, seed: int) -> torch.Tensor:
     """Alpha re-fitted on the frozen atoms: projected SGD on the DiL loss over the client's training data."""
+    import torch
+
+    from fedsim.methods.common import dictionary as dil
+    from fedsim.methods.common import dictionary_sampling as sampling
+
     params, method = run.config.method.params, run.config.method
     atoms_x, atoms_logits = atoms(run)
     x = torch.as_tensor(run.client_state(client_id)["train_features"]).float()
@@ -57,6 +62,8 @@ def refit_alpha(run: RunDir, client_id: int, steps: int, seed: int) -> torch.Ten
 
 def accuracies(run: RunDir, client_id: int, alpha: torch.Tensor, seed: int) -> tuple[float, float]:
     """DaDiL-R and DaDiL-E test accuracy of one client with ``alpha`` (the library's predictors)."""
+    from fedsim.methods.common.dictionary_predictors import evaluate_predictors
+
     counts = evaluate_predictors(
         run.server_state,
         alpha,

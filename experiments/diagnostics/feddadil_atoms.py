@@ -17,12 +17,8 @@ from __future__ import annotations
 import argparse
 
 import numpy as np
-import torch
 
 from experiments.diagnostics.run_dir import RunDir, alpha_of, atoms, fmt_row, subsample, test_features
-from fedsim.methods.common.dictionary import barycenter
-from fedsim.methods.common.dictionary_predictors import fit_classifier
-from fedsim.ot.wasserstein import wasserstein_distance
 
 NAME = "feddadil-atoms"
 HELP = "where a dictionary's atoms sit relative to each source domain (FedDaDiL, DaDiL)"
@@ -41,6 +37,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def measure(run: RunDir, samples: int = 0, seed: int = 0, accuracy: bool = True) -> list[dict]:
     """One line per source client: alpha, W2^2 to each atom and to its reconstruction, each h_k's accuracy."""
+    import torch
+
+    from fedsim.methods.common.dictionary import barycenter
+    from fedsim.ot.wasserstein import wasserstein_distance
+
     atoms_x, atoms_logits = atoms(run)
     params = run.config.method.params
     lines = []
@@ -65,6 +66,10 @@ def measure(run: RunDir, samples: int = 0, seed: int = 0, accuracy: bool = True)
 
 
 def atom_accuracy(atom_x, atom_logits, x, y, params, seed: int) -> float:
+    import torch
+
+    from fedsim.methods.common.dictionary_predictors import fit_classifier
+
     model = fit_classifier(atom_x, torch.softmax(atom_logits, -1), params, seed)
     with torch.no_grad():
         return float((model(x).argmax(1) == y).float().mean())

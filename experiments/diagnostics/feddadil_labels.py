@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 
 import numpy as np
-import torch
 
 from experiments.diagnostics.run_dir import RunDir, alpha_of, atoms, fmt_row
 
@@ -24,6 +23,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def measure(run: RunDir) -> dict:
     """``atoms``: per atom, hard-label counts and mean top probability; ``alpha``: per client id."""
+    import torch
+
     _, atoms_logits = atoms(run)
     soft = torch.softmax(atoms_logits, -1)
     classes = soft.shape[-1]

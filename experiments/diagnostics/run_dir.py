@@ -8,15 +8,17 @@ import pickle
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import Iterable
+from typing import TYPE_CHECKING, Iterable
 
 import numpy as np
-import torch
 
 from fedsim.config import ExperimentConfig, load_config
 from fedsim.data.scenario import Federation, build_federation, load_client_data
 from fedsim.errors import UserError
 from fedsim.runtime.checkpoint import CHECKPOINT_FILE
+
+if TYPE_CHECKING:  # torch loads when a diagnostic runs, not when the CLI starts
+    import torch
 
 
 @dataclass
@@ -102,12 +104,16 @@ class RunDir:
 
 def atoms(run: RunDir) -> tuple[torch.Tensor, torch.Tensor]:
     """The dictionary at the checkpoint: atom features (K, n, d) and label logits (K, n, C)."""
+    import torch
+
     state = run.server_state
     return torch.tensor(np.asarray(state["atoms_x"])), torch.tensor(np.asarray(state["atoms_logits"]))
 
 
 def alpha_of(run: RunDir, client_id: int) -> torch.Tensor:
     """A client's barycentric coordinates: its private state (FedDaDiL) or the server's (DaDiL)."""
+    import torch
+
     if run.config.method.name == "dadil":
         return torch.tensor(np.asarray(run.server_state["alphas"][client_id]), dtype=torch.float32)
     return torch.as_tensor(run.client_state(client_id)["alpha"]).float()
@@ -115,11 +121,15 @@ def alpha_of(run: RunDir, client_id: int) -> torch.Tensor:
 
 def test_features(run: RunDir, client_id: int) -> torch.Tensor:
     """A client's test data in the dictionary's feature space (standardized, encoded), as the run held it."""
+    import torch
+
     return torch.as_tensor(run.client_state(client_id)["test_features"]).float()
 
 
 def subsample(x: torch.Tensor, count: int, seed: int = 0) -> torch.Tensor:
     """``count`` rows of ``x`` drawn without replacement (all of them when it has fewer)."""
+    import torch
+
     generator = torch.Generator().manual_seed(seed)
     return x[torch.randperm(len(x), generator=generator)[:count]]
 
