@@ -65,6 +65,13 @@ def use_vectorized(mode: str, method, operation: str, count: int) -> bool:
     return bool(method.vectorizable(operation))
 
 
+def _stacked(jobs: Sequence[ClientJob], name: str, field: str, device) -> torch.Tensor:
+    """Tensor ``name`` of every job's ``field`` (``weights``, or the proximal ``anchor``, which defaults to the
+    weights), stacked along a client axis: one numpy stack, one tensor."""
+    arrays = [np.asarray((getattr(j, field) or j.weights)[name]) for j in jobs]
+    return torch.from_numpy(np.stack(arrays)).to(device)
+
+
 def _schedules(jobs: Sequence[ClientJob], epochs: int, batch_size: int) -> list[list[list[torch.Tensor]]]:
     """Each client's index batches, per epoch, as ``train_epochs`` draws them from the client's seed."""
     out = []
@@ -112,9 +119,9 @@ def _sgd_step(params, buffers, grads, active, settings) -> None:
     """``torch.optim.SGD``'s update (weight decay, momentum without dampening) on the active clients only."""
     everyone = bool(active.all())
     for name, p in params.items():
-        d_p = grads[name].contiguous()
+        d_p = grads[name]
         if settings.weight_decay != 0:
-            d_p.add_(p, alpha=settings.weight_decay)
+            d_p = d_p.add(p, alpha=settings.weight_decay)
         if everyone:  # in place: the common case, cheaper than a select
             if settings.momentum != 0:
                 d_p = buffers[name].mul_(settings.momentum).add_(d_p)
@@ -152,11 +159,9 @@ def train_clients(
     if any(j.y is None for j in jobs):
         raise ValueError("train_clients needs labels: the target client's training inputs are unlabeled")
     names = [name for name, _ in model.named_parameters()]
-    params = {n: torch.stack([torch.tensor(np.asarray(j.weights[n])) for j in jobs]).to(device) for n in names}
+    params = {n: _stacked(jobs, n, "weights", device) for n in names}
     buffers = {n: torch.zeros_like(p) for n, p in params.items()}
-    anchors = {
-        n: torch.stack([torch.tensor(np.asarray((j.anchor or j.weights)[n])) for j in jobs]).to(device) for n in names
-    }
+    anchors = {n: _stacked(jobs, n, "anchor", device) for n in names} if mu else {}
     x = torch.from_numpy(np.concatenate([j.x for j in jobs])).to(device)
     y = torch.from_numpy(np.concatenate([j.y for j in jobs])).to(device)
     offsets = np.concatenate([[0], np.cumsum([len(j.x) for j in jobs])[:-1]]).tolist()
@@ -169,7 +174,8 @@ def train_clients(
         grads, loss = step(params, anchors, x[rows[t]], y[rows[t]], mask[t])
         _sgd_step(params, buffers, grads, mask[t].sum(1) > 0, settings)
         losses.append(loss)
-    weights = [{n: params[n][k].detach().cpu().numpy().copy() for n in names} for k in range(len(jobs))]
+    stacked = {n: params[n].detach().cpu().numpy().copy() for n in names}  # one copy per tensor, a view per client
+    weights = [{n: stacked[n][k] for n in names} for k in range(len(jobs))]
     return weights, _last_epoch_losses(schedules, torch.stack(losses) if losses else torch.zeros(0, len(jobs)))
 
 
