@@ -148,17 +148,40 @@ def start_server(config, federation) -> RemoteServer:
     return server
 
 
+#: whether the cluster this process is connected to was started by :func:`start_backend` (so the run stops it)
+_started_early = False
+
+
+def start_backend(config, num_cpus: int | None = None):
+    """Join or start the run's Ray cluster before the federation is built (``fedsim.api`` builds it in a thread
+    meanwhile: ``ray.init`` must run in the main thread). Returns the function that undoes it."""
+    global _started_early
+    TIMINGS.clear()
+    TIMINGS["connecting"] = time.time()
+    _started_early = connect(config.run.address, num_cpus=num_cpus)
+    TIMINGS["connected"] = time.time()
+    return stop_early_start
+
+
+def stop_early_start() -> None:
+    """Undo :func:`start_backend`: shut Ray down if it started the cluster (the federation's build failed)."""
+    global _started_early
+    if _started_early:
+        ray.shutdown()
+    _started_early = False
+
+
 def open_server(config, federation, num_cpus: int | None = None):
     """The Ray backend for :func:`fedsim.api.run_experiment`: join or start a cluster, start the run's actors.
 
-    Returns the server handle and a function that kills the actors and shuts Ray down if this call started it.
+    Returns the server handle and a function that kills the actors and shuts Ray down if this run started it.
     """
     from fedsim.data.scenario import forget_domain_data
 
-    TIMINGS.clear()
-    TIMINGS["connecting"] = time.time()
-    started = connect(config.run.address, num_cpus=num_cpus)
-    TIMINGS["connected"] = time.time()
+    global _started_early
+    if not ray.is_initialized():  # called without start_backend
+        start_backend(config, num_cpus)
+    started, _started_early = _started_early, False
     forget_domain_data(config.data)  # the actors build their own data; the driver needs only the description
     try:
         server = start_server(config, federation)

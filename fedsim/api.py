@@ -24,6 +24,8 @@ log = logging.getLogger(__name__)
 
 #: backend name -> "module:function" returning ``(server handle, close)`` for (config, federation, num_cpus)
 BACKENDS = {"local": "fedsim.api:open_local", "ray": "actors.backend:open_server"}
+#: seconds the federation's build runs alone before a backend's start overlaps it (see checked_federation_during)
+HEAD_START_S = 0.1
 
 
 @dataclass
@@ -44,6 +46,37 @@ def open_local(
     return server, server.close
 
 
+def checked_federation(config: ExperimentConfig) -> Federation:
+    """The run's federation, after the method's checks of the setting (both raise UserError on bad input)."""
+    from fedsim.registry import METHODS
+
+    federation = build_federation(config.data)
+    METHODS.get(config.method.name).check_setting(config, federation)
+    return federation
+
+
+def checked_federation_during(start_backend, config: ExperimentConfig, num_cpus: Optional[int]) -> Federation:
+    """:func:`checked_federation`, built in a thread while ``start_backend(config, num_cpus)`` (a backend's slow
+    start, such as starting a Ray cluster, which must run in the main thread) runs; without one, just built.
+    The build gets ``HEAD_START_S`` first, in which the usual bad inputs (an unknown target, a missing file) fail
+    before anything starts; a build that fails later undoes the backend's start (the callable it returned)."""
+    if start_backend is None:
+        return checked_federation(config)
+    from concurrent.futures import ThreadPoolExecutor, wait
+
+    with ThreadPoolExecutor(1, thread_name_prefix="federation") as pool:
+        building = pool.submit(checked_federation, config)
+        wait([building], timeout=HEAD_START_S)
+        if building.done() and building.exception() is not None:
+            raise building.exception()  # bad input found in the head start: no backend was started for it
+        undo = start_backend(config, num_cpus)
+        try:
+            return building.result()
+        except BaseException:
+            undo()
+            raise
+
+
 def run_experiment(
     config: ExperimentConfig,
     out_dir: Optional[Path] = None,
@@ -58,14 +91,13 @@ def run_experiment(
     (``fedsim.runtime.checkpoint.load_checkpoint``) to continue from. A UserError raised in a backend's process
     (a NumericalError in a client actor) comes out as itself, without the backend's wrapper.
     """
-    from fedsim.registry import METHODS
     from fedsim.runtime import Simulator
 
-    federation = build_federation(config.data)
-    METHODS.get(config.method.name).check_setting(config, federation)
-    module, _, function = BACKENDS[config.run.backend].partition(":")
+    module_name, _, function = BACKENDS[config.run.backend].partition(":")
+    module = importlib.import_module(module_name)
+    federation = checked_federation_during(getattr(module, "start_backend", None), config, num_cpus)
     try:
-        server, close = getattr(importlib.import_module(module), function)(config, federation, num_cpus)
+        server, close = getattr(module, function)(config, federation, num_cpus)
         try:
             simulator = Simulator(config, server, out_dir, callbacks, resume=resume)
             summary = simulator.run()
