@@ -9,6 +9,14 @@ and the last column is the largest weight difference between the two (rounding, 
 can amplify for a few clients as much as a 1-ulp change of their start would). Measured figures: docs/cluster.md.
 
     python -m experiments.benchmarks.vectorized [--clients 10 100 --samples 1600 --repeats 3]
+
+``--tep`` instead runs whole FedAvg rounds through fedsim on the embedded TEP benchmark (target mode1, the five
+other modes split into 20 clients each: 100 clients per round, the ``mlp`` model) on the Ray backend with 2
+client actors, once with ``resources.vectorize=off`` and once with ``auto``, and prints the mean round of rounds
+2 to ``--rounds`` (evaluation apart) for each ``--local-epochs`` value, the ratio, and whether both reached the
+same accuracy.
+
+    python -m experiments.benchmarks.vectorized --tep [--rounds 8 --local-epochs 1 5]
 """
 
 from __future__ import annotations
@@ -29,6 +37,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--features", type=int, default=53)
     parser.add_argument("--classes", type=int, default=10)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--tep", action="store_true", help="whole FedAvg rounds on TEP, 100 clients, 2 Ray actors")
+    parser.add_argument("--rounds", type=int, default=8, help="with --tep: rounds per run")
+    parser.add_argument("--local-epochs", type=int, nargs="+", default=[1, 5], help="with --tep")
     return parser.parse_args()
 
 
@@ -74,8 +85,46 @@ def median_seconds(function, repeats: int):
     return statistics.median(times), result
 
 
+def tep_rounds(vectorize: str, rounds: int, epochs: int) -> tuple[float, float]:
+    """Mean seconds of rounds 2.. of a FedAvg run on TEP (100 clients per round, Ray, 2 actors), target accuracy."""
+    from fedsim.api import run_experiment
+    from fedsim.config import load_config
+
+    settings = {
+        "data.benchmark": "tep",
+        "data.target": "mode1",
+        "data.clients_per_domain": 20,
+        "model.name": "mlp",
+        "method.name": "fedavg",
+        "method.local_epochs": epochs,
+        "run.rounds": rounds,
+        "run.eval_every": rounds,
+        "run.backend": "ray",
+        "run.progress": False,
+        "run.tensorboard": False,
+        "ray.max_actors": 2,
+        "resources.vectorize": vectorize,
+    }
+    result = run_experiment(load_config(None, [f"{k}={v}" for k, v in settings.items()]))
+    later = [m["round_seconds"] for m in result.history[1:]]
+    return statistics.mean(later), result.summary["target_accuracy"]
+
+
+def main_tep(args: argparse.Namespace) -> None:
+    print(f"FedAvg on TEP, 100 clients per round, Ray backend with 2 client actors, {machine()}")
+    print(f"{'local epochs':>12s} {'loop s/round':>12s} {'batched s/round':>15s} {'ratio':>6s} {'same accuracy':>13s}")
+    for epochs in args.local_epochs:
+        loop_s, loop_acc = tep_rounds("off", args.rounds, epochs)
+        batched_s, batched_acc = tep_rounds("auto", args.rounds, epochs)
+        same = abs(loop_acc - batched_acc) < 1e-9
+        print(f"{epochs:12d} {loop_s:12.4f} {batched_s:15.4f} {batched_s / loop_s:5.2f}x {str(same):>13s}")
+
+
 def main() -> None:
     args = parse_args()
+    if args.tep:
+        main_tep(args)
+        return
     import torch
 
     from fedsim.methods.common.settings import LocalSettings

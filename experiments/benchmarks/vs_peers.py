@@ -13,7 +13,10 @@ thread per training process. Every way gets the same 10 clients' arrays. Each wa
 - **PSS MiB**: the largest proportional set size of the whole process tree (every descendant: Ray's daemons and
   actors, torchrun's workers), sampled every 0.25 s.
 
-    python -m experiments.benchmarks.vs_peers [--repeat 3] [--peer-python /path/to/venv/bin/python]
+    python -m experiments.benchmarks.vs_peers [--repeat 3] [--joined] [--peer-python /path/to/venv/bin/python]
+
+``--joined`` adds fedsim joining a cluster that ``ray start --head`` started once (as a series of runs or a sweep
+does): its start is timed apart, and its processes' PSS is counted in the run's.
 
 ``--peer-python`` is an interpreter with ``pfl[pytorch]`` installed (default: this one); without ``pfl`` the
 pfl ways are left out with a line saying so. Measured figures: docs/performance.md.
@@ -33,7 +36,8 @@ import time
 import numpy as np
 import psutil
 
-from experiments.benchmarks.measure import machine, smaps_rollup
+from experiments.benchmarks.measure import cluster_pids, machine, smaps_rollup, stop_cluster
+from experiments.benchmarks.overhead import CLUSTER_PORT, start_cluster
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 RESULT_TAGS = ("PEER-RESULT ", "OVERHEAD-RESULT ")
@@ -77,14 +81,16 @@ def tree_pss(proc: psutil.Process) -> int:
     return total
 
 
-def measured(command: list[str], env: dict | None = None) -> tuple[float, int, str]:
-    """Run ``command``; its whole seconds, the peak PSS of its process tree and its stdout."""
+def measured(command: list[str], env: dict | None = None, also: tuple[int, ...] = ()) -> tuple[float, int, str]:
+    """Run ``command``; its whole seconds, the peak PSS of its process tree (plus the trees of the ``also``
+    processes: a joined cluster's, whose actors are not the command's children) and its stdout."""
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
         started = time.perf_counter()
         child = subprocess.Popen(command, stdout=out, stderr=err, env=env, cwd=os.path.dirname(os.path.dirname(HERE)))
         proc, peak = psutil.Process(child.pid), 0
+        others = [psutil.Process(pid) for pid in also if psutil.pid_exists(pid)]
         while child.poll() is None:
-            peak = max(peak, tree_pss(proc))
+            peak = max(peak, tree_pss(proc) + sum(tree_pss(other) for other in others))
             time.sleep(0.25)
         seconds = time.perf_counter() - started
         out.seek(0), err.seek(0)
@@ -110,14 +116,19 @@ def run_floor(root: str) -> dict:
     return {"whole_s": seconds, "pss": pss, "rounds": result["detail"]["round_seconds"], "accuracy": result["accuracy"]}
 
 
-def run_fedsim(root: str, backend: str, extra: list[str]) -> dict:
+def run_fedsim(root: str, backend: str, extra: list[str], cluster: tuple[int, tuple[int, ...]] | None = None) -> dict:
+    """``fedsim run`` of the job; ``cluster``: (port, root pids) of a ``ray start`` cluster to join."""
     from experiments.benchmarks.overhead_job import job_overrides
 
     fedsim = os.path.join(os.path.dirname(sys.executable), "fedsim")
+    # a cluster of our own, named explicitly: Ray enables its token authentication then only with RAY_AUTH_MODE=token
+    env = os.environ | {"RAY_ADDRESS": f"127.0.0.1:{cluster[0]}", "RAY_AUTH_MODE": "token"} if cluster else None
+    address = "auto" if cluster else ""
     with tempfile.TemporaryDirectory() as scratch:
-        sets = [a for o in job_overrides(root, os.path.join(scratch, "cache"), backend) + extra for a in ("--set", o)]
+        overrides = job_overrides(root, os.path.join(scratch, "cache"), backend, address) + extra
+        sets = [a for o in overrides for a in ("--set", o)]
         out = os.path.join(scratch, "run")
-        seconds, pss, _ = measured([fedsim, "run", *sets, "--out", out, "-q"])
+        seconds, pss, _ = measured([fedsim, "run", *sets, "--out", out, "-q"], env, cluster[1] if cluster else ())
         with open(os.path.join(out, "metrics.jsonl")) as f:
             rows = [json.loads(line) for line in f]
         with open(os.path.join(out, "summary.json")) as f:
@@ -140,13 +151,15 @@ def has_pfl(python: str) -> bool:
     return probe.returncode == 0
 
 
-def ways(args: argparse.Namespace) -> dict:
+def ways(args: argparse.Namespace, cluster) -> dict:
     """way label -> a function of (root, clients path) that runs it once."""
     table = {
         "floor: plain serial torch loop": lambda root, clients: run_floor(root),
         "fedsim, local backend": lambda root, clients: run_fedsim(root, "local", args.fedsim_set),
         "fedsim, Ray backend (2 actors)": lambda root, clients: run_fedsim(root, "ray", args.fedsim_set),
     }
+    if cluster:
+        table["fedsim, Ray, joined cluster"] = lambda root, clients: run_fedsim(root, "ray", args.fedsim_set, cluster)
     if has_pfl(args.peer_python):
         table["pfl-research, one process"] = lambda root, clients: run_pfl(args.peer_python, clients, 1)
         table["pfl-research, 2 torchrun workers"] = lambda root, clients: run_pfl(args.peer_python, clients, 2)
@@ -180,18 +193,34 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3, help="interleaved runs of every way (medians printed)")
     parser.add_argument("--peer-python", default=sys.executable, help="an interpreter with pfl[pytorch] installed")
     parser.add_argument(
+        "--joined", action="store_true", help="also fedsim joining a cluster started once with 'ray start --head'"
+    )
+    parser.add_argument(
         "--fedsim-set", nargs="*", default=[], metavar="KEY=VALUE", help="extra fedsim overrides for both backends"
     )
     args = parser.parse_args()
-    table = ways(args)
-    results: dict[str, list[dict]] = {label: [] for label in table}
     with tempfile.TemporaryDirectory() as root:
-        clients = write_clients(root)
-        for _ in range(args.repeat):
-            for label, run in table.items():
-                results[label].append(run(root, clients) | {"load": os.getloadavg()[0]})
+        cluster, cluster_start = None, 0.0
+        if args.joined:
+            cluster_start = start_cluster(CLUSTER_PORT, os.path.join(root, "ray"))
+            cluster = (CLUSTER_PORT, tuple(cluster_pids(CLUSTER_PORT)))
+        try:
+            table = ways(args, cluster)
+            results: dict[str, list[dict]] = {label: [] for label in table}
+            clients = write_clients(root)
+            for _ in range(args.repeat):
+                for label, run in table.items():
+                    results[label].append(run(root, clients) | {"load": os.getloadavg()[0]})
+        finally:
+            if cluster:
+                stop_cluster(CLUSTER_PORT)
     print(f"fedavg-lenet-10, medians of {args.repeat} interleaved runs, {machine()}")
     report(results)
+    if cluster:
+        print(
+            f"joined cluster: 'ray start --head' took {cluster_start:.2f} s once, outside the runs; its PSS "
+            "(daemons and the run's actors) is counted in the run's figure"
+        )
 
 
 if __name__ == "__main__":
