@@ -16,7 +16,8 @@ thread per training process. Every way gets the same 10 clients' arrays. Each wa
     python -m experiments.benchmarks.vs_peers [--repeat 3] [--joined] [--peer-python /path/to/venv/bin/python]
 
 ``--joined`` adds fedsim joining a cluster that ``ray start --head`` started once (as a series of runs or a sweep
-does): its start is timed apart, and its processes' PSS is counted in the run's.
+does): its start is timed apart, and its processes' PSS is counted in the run's. The idle cluster slows the other
+ways' Ray starts, so compare the own-cluster way from a run without ``--joined``.
 
 ``--peer-python`` is an interpreter with ``pfl[pytorch]`` installed (default: this one); without ``pfl`` the
 pfl ways are left out with a line saying so. Measured figures: docs/performance.md.
