@@ -148,54 +148,52 @@ def start_server(config, federation) -> RemoteServer:
     return server
 
 
-#: whether the cluster this process is connected to was started by :func:`start_backend` (so the run stops it)
-_started_early = False
+class ClusterStart:
+    """The run's connection to Ray: ``started`` when this run started the cluster, so that :meth:`stop` (once)
+    shuts it down; a joined cluster, or one a Tune trial runs in, is left as it is."""
+
+    def __init__(self, started: bool):
+        self.started = started
+
+    def stop(self) -> None:
+        if self.started:
+            self.started = False
+            ray.shutdown()
 
 
-def start_backend(config, num_cpus: int | None = None):
-    """Join or start the run's Ray cluster before the federation is built (``fedsim.api`` builds it in a thread
-    meanwhile: ``ray.init`` must run in the main thread). Returns the function that undoes it."""
-    global _started_early
+def start_backend(config, num_cpus: int | None = None) -> ClusterStart:
+    """Join or start the run's Ray cluster (``fedsim.api`` calls it before the federation is built, which builds
+    in a thread meanwhile: ``ray.init`` must run in the main thread)."""
     TIMINGS.clear()
     TIMINGS["connecting"] = time.time()
-    _started_early = connect(config.run.address, num_cpus=num_cpus)
+    started = ClusterStart(connect(config.run.address, num_cpus=num_cpus))
     TIMINGS["connected"] = time.time()
-    return stop_early_start
+    return started
 
 
-def stop_early_start() -> None:
-    """Undo :func:`start_backend`: shut Ray down if it started the cluster (the federation's build failed)."""
-    global _started_early
-    if _started_early:
-        ray.shutdown()
-    _started_early = False
-
-
-def open_server(config, federation, num_cpus: int | None = None):
-    """The Ray backend for :func:`fedsim.api.run_experiment`: join or start a cluster, start the run's actors.
+def open_server(config, federation, num_cpus: int | None = None, started: ClusterStart | None = None):
+    """The Ray backend for :func:`fedsim.api.run_experiment`: join or start a cluster (unless ``started``, the
+    handle :func:`start_backend` returned, says it is done), start the run's actors.
 
     Returns the server handle and a function that kills the actors and shuts Ray down if this run started it.
     """
     from fedsim.data.scenario import forget_domain_data
 
-    global _started_early
-    if not ray.is_initialized():  # called without start_backend
-        start_backend(config, num_cpus)
-    started, _started_early = _started_early, False
-    forget_domain_data(config.data)  # the actors build their own data; the driver needs only the description
+    started = started or start_backend(config, num_cpus)
     try:
+        forget_domain_data(config.data)  # the actors build their own data; the driver needs only the description
         server = start_server(config, federation)
     except BaseException:
-        if started:
-            ray.shutdown()
+        started.stop()
         raise
     TIMINGS["actors ready"] = time.time()
 
     def close() -> None:
         TIMINGS["closing"] = time.time()
-        server.close()
-        if started:
-            ray.shutdown()
+        try:
+            server.close()
+        finally:
+            started.stop()
         TIMINGS["closed"] = time.time()
 
     return server, close

@@ -22,7 +22,9 @@ from fedsim.errors import UserError, unwrapped
 
 log = logging.getLogger(__name__)
 
-#: backend name -> "module:function" returning ``(server handle, close)`` for (config, federation, num_cpus)
+#: backend name -> "module:function" returning ``(server handle, close)`` for (config, federation, num_cpus); a
+#: module may also have ``start_backend(config, num_cpus)``, whose handle (with ``stop()``) the function then takes
+#: as a fourth argument (:func:`checked_federation_during`)
 BACKENDS = {"local": "fedsim.api:open_local", "ray": "actors.backend:open_server"}
 #: seconds the federation's build runs alone before a backend's start overlaps it (see checked_federation_during)
 HEAD_START_S = 0.1
@@ -55,13 +57,14 @@ def checked_federation(config: ExperimentConfig) -> Federation:
     return federation
 
 
-def checked_federation_during(start_backend, config: ExperimentConfig, num_cpus: Optional[int]) -> Federation:
-    """:func:`checked_federation`, built in a thread while ``start_backend(config, num_cpus)`` (a backend's slow
-    start, such as starting a Ray cluster, which must run in the main thread) runs; without one, just built.
-    The build gets ``HEAD_START_S`` first, in which the usual bad inputs (an unknown target, a missing file) fail
-    before anything starts; a build that fails later undoes the backend's start (the callable it returned)."""
+def checked_federation_during(start_backend, config: ExperimentConfig, num_cpus: Optional[int]):
+    """(federation, backend start): :func:`checked_federation`, built in a thread while ``start_backend(config,
+    num_cpus)`` runs (a backend's slow start, such as a Ray cluster's, which must run in the main thread); without
+    one, just built, and the start is None. The build gets ``HEAD_START_S`` first, in which the usual bad inputs (an
+    unknown target, a missing file) fail before anything starts. A build that fails later stops the backend's start
+    (the handle it returned, with ``stop()``); when both fail, the build's error is the one raised."""
     if start_backend is None:
-        return checked_federation(config)
+        return checked_federation(config), None
     from concurrent.futures import ThreadPoolExecutor, wait
 
     with ThreadPoolExecutor(1, thread_name_prefix="federation") as pool:
@@ -69,12 +72,25 @@ def checked_federation_during(start_backend, config: ExperimentConfig, num_cpus:
         wait([building], timeout=HEAD_START_S)
         if building.done() and building.exception() is not None:
             raise building.exception()  # bad input found in the head start: no backend was started for it
-        undo = start_backend(config, num_cpus)
         try:
-            return building.result()
+            started = start_backend(config, num_cpus)
         except BaseException:
-            undo()
+            if building.exception() is not None:  # waits for the build: bad input comes first, as without a thread
+                raise building.exception() from None
             raise
+        try:
+            return building.result(), started
+        except BaseException:
+            stop_quietly(started)
+            raise
+
+
+def stop_quietly(started) -> None:
+    """``started.stop()`` while another error is on its way out: a failure to stop is logged, not raised over it."""
+    try:
+        started.stop()
+    except Exception:  # noqa: BLE001 (the error being raised is the one the user must see)
+        log.exception("could not stop the backend after an earlier error")
 
 
 def run_experiment(
@@ -95,9 +111,14 @@ def run_experiment(
 
     module_name, _, function = BACKENDS[config.run.backend].partition(":")
     module = importlib.import_module(module_name)
-    federation = checked_federation_during(getattr(module, "start_backend", None), config, num_cpus)
+    federation, started = checked_federation_during(getattr(module, "start_backend", None), config, num_cpus)
     try:
-        server, close = getattr(module, function)(config, federation, num_cpus)
+        try:  # a backend with a start of its own takes its handle, and stops it from then on
+            server, close = getattr(module, function)(config, federation, num_cpus, *([started] if started else []))
+        except BaseException:
+            if started is not None:
+                stop_quietly(started)  # idempotent: the opener may have stopped it already
+            raise
         try:
             simulator = Simulator(config, server, out_dir, callbacks, resume=resume)
             summary = simulator.run()

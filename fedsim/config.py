@@ -86,7 +86,7 @@ class RunConfig:
 class ResourcesConfig:
     cpus_per_client: float = 1.0
     gpus_per_client: float = 0.0
-    vectorize: str = "off"  # "off": each client alone (the committed results); "auto": batched (docs/cluster.md)
+    vectorize: str = "off"  # "off": each client alone (the committed results); "auto": batched (docs/performance.md)
 
     def __post_init__(self):  # YAML reads a bare `off` as false
         object.__setattr__(self, "vectorize", {"False": "off"}.get(self.vectorize, self.vectorize))

@@ -1,5 +1,5 @@
-"""`fedsim` starts light: building its parser loads none of the heavy libraries (a run's driver pays only
-what its backend needs; the Ray driver never loads torch)."""
+"""`fedsim` starts light: building its parser loads none of the heavy libraries, so a command pays only for what
+it runs (tests/test_overhead.py checks that a FedAvg run's driver and server never load torch)."""
 
 import subprocess
 import sys

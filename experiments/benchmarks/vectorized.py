@@ -6,7 +6,7 @@ The loop is what a FedAvg client runs (``load_numpy``, ``make_optimizer``, ``tra
 ``model_to_numpy``); the batched form is :func:`fedsim.methods.common.vectorized.train_clients`, which
 ``resources.vectorize: auto`` uses. Both run on one thread; each figure is the median of ``--repeats`` runs,
 and the last column is the largest weight difference between the two (rounding, which training on random labels
-can amplify for a few clients as much as a 1-ulp change of their start would). Measured figures: docs/cluster.md.
+can amplify for a few clients as much as a 1-ulp change of their start would). Measured figures: docs/performance.md.
 
     python -m experiments.benchmarks.vectorized [--clients 10 100 --samples 1600 --repeats 3]
 

@@ -32,6 +32,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 import numpy as np
@@ -88,17 +89,36 @@ def measured(command: list[str], env: dict | None = None, also: tuple[int, ...] 
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
         started = time.perf_counter()
         child = subprocess.Popen(command, stdout=out, stderr=err, env=env, cwd=os.path.dirname(os.path.dirname(HERE)))
-        proc, peak = psutil.Process(child.pid), 0
-        others = [psutil.Process(pid) for pid in also if psutil.pid_exists(pid)]
-        while child.poll() is None:
-            peak = max(peak, tree_pss(proc) + sum(tree_pss(other) for other in others))
-            time.sleep(0.25)
+        sampler = PeakPss(child.pid, also)
+        child.wait()  # the exit is timed to the moment, not to the sampler's next tick
         seconds = time.perf_counter() - started
+        peak = sampler.stop()
         out.seek(0), err.seek(0)
         stdout, stderr = out.read(), err.read()
     if child.returncode != 0:
         raise SystemExit(f"{' '.join(command[:4])} ... failed (exit {child.returncode}):\n{stderr[-3000:]}")
     return seconds, peak, stdout
+
+
+class PeakPss:
+    """The largest PSS of a process tree (plus the ``also`` trees), sampled every 0.25 s in a thread."""
+
+    def __init__(self, pid: int, also: tuple[int, ...] = ()):
+        self.trees = [psutil.Process(pid)] + [psutil.Process(p) for p in also if psutil.pid_exists(p)]
+        self.peak = 0
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._done.is_set():
+            self.peak = max(self.peak, sum(tree_pss(tree) for tree in self.trees))
+            self._done.wait(0.25)
+
+    def stop(self) -> int:
+        self._done.set()
+        self._thread.join()
+        return self.peak
 
 
 def tagged(stdout: str) -> dict:
