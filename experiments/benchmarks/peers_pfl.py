@@ -1,8 +1,10 @@
 """The ``fedavg-lenet-10`` job in pfl-research (apple/pfl-research), for :mod:`experiments.benchmarks.vs_peers`.
 
-Runs under any interpreter that has ``pfl[pytorch]`` (it imports neither fedsim nor Ray): one process, or
+Runs under any interpreter that has ``pfl[pytorch]`` (of fedsim it imports only the model and the seeding, which
+need nothing but numpy and torch; no Ray): one process, or
 ``torchrun --nproc_per_node 2`` for pfl's multi-worker simulation. Reads the clients' arrays that vs_peers
-wrote (``clients.npz``: the same 10 clients fedsim builds), trains LeNet-5 with pfl's ``FederatedAveraging``:
+wrote (``clients.npz``: the same 10 clients fedsim builds), trains fedsim's LeNet-5 from fedsim's initial weights
+with pfl's ``FederatedAveraging``:
 every client in every round (``MinimizeReuseUserSampler`` over 10 users, cohort 10), one local epoch of SGD
 (lr 0.05, momentum 0.9, batch 32, a fresh optimizer each round), the average weighted by data points and applied
 with a central SGD at lr 1 (plain FedAvg), one torch thread per worker. Evaluation once, after training and
@@ -26,30 +28,25 @@ import torch
 from torch import nn
 
 ROUNDS, LOCAL_LR, BATCH = 5, 0.05, 32
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-class LeNet5(nn.Module):
-    """fedsim's ``lenet5`` (fedsim/models/lenet5.py), with the ``loss`` and ``metrics`` that pfl asks of a model."""
+class PflLeNet(nn.Module):
+    """fedsim's own ``lenet5`` (fedsim/models/lenet5.py, which needs only torch), from the initial weights fedsim's
+    FedAvg starts from (``torch.manual_seed(derive_seed(seed, "model-init"))``), with the ``loss`` and ``metrics``
+    that pfl asks of a model."""
 
-    def __init__(self, num_classes: int = 10):
+    def __init__(self, num_classes: int = 10, seed: int = 0):
         super().__init__()
-        self.layers = nn.Sequential(
-            nn.Conv2d(1, 6, kernel_size=5, padding=2),
-            nn.ReLU(),
-            nn.MaxPool2d(2),
-            nn.Conv2d(6, 16, kernel_size=5),
-            nn.ReLU(),
-            nn.MaxPool2d(2),
-            nn.Flatten(),
-            nn.Linear(16 * 5 * 5, 120),
-            nn.ReLU(),
-            nn.Linear(120, 84),
-            nn.ReLU(),
-            nn.Linear(84, num_classes),
-        )
+        sys.path.insert(0, REPO)  # fedsim's models and seeding import nothing but numpy and torch
+        from fedsim.models.lenet5 import lenet5
+        from fedsim.seeding import derive_seed
+
+        torch.manual_seed(derive_seed(seed, "model-init"))
+        self.net = lenet5((1, 28, 28), num_classes)
 
     def forward(self, x):
-        return self.layers(x)
+        return self.net(x)
 
     def loss(self, x, y, eval=False):  # noqa: A002 (pfl's keyword)
         self.eval() if eval else self.train()
@@ -61,10 +58,8 @@ class LeNet5(nn.Module):
         self.eval() if eval else self.train()
         logits = self(x)
         correct = float((logits.argmax(1) == y).sum())
-        return {
-            "loss": Weighted(float(nn.functional.cross_entropy(logits, y, reduction="sum")), len(y)),
-            "accuracy": Weighted(correct, len(y)),
-        }
+        loss = float(nn.functional.cross_entropy(logits, y, reduction="sum"))
+        return {"loss": Weighted(loss, len(y)), "accuracy": Weighted(correct, len(y))}
 
 
 def run(path: str) -> dict:
@@ -86,9 +81,8 @@ def run(path: str) -> dict:
     federated = FederatedDataset(
         lambda u: Dataset(data[u], user_id=u), MinimizeReuseUserSampler(users), {u: len(data[u][1]) for u in users}
     )
-    torch.manual_seed(0)
-    np.random.seed(0)
-    module = LeNet5()
+    np.random.seed(0)  # pfl's samplers draw from numpy's global generator
+    module = PflLeNet()
     model = PyTorchModel(
         model=module,
         local_optimizer_create=functools.partial(torch.optim.SGD, momentum=0.9),
