@@ -19,7 +19,7 @@ from typing import Any, Iterable, Mapping, Optional
 import yaml
 
 from fedsim.errors import UserError
-from fedsim.validation import build_checked, check_task_pair, closest, split_method_keys, validate
+from fedsim.validation import bare_off, build_checked, check_task_pair, closest, split_method_keys, validate
 
 
 def default_cache_dir() -> str:
@@ -89,7 +89,7 @@ class ResourcesConfig:
     vectorize: str = "off"  # "off": each client alone (the committed results); "auto": batched (docs/performance.md)
 
     def __post_init__(self):  # YAML reads a bare `off` as false
-        object.__setattr__(self, "vectorize", {"False": "off"}.get(self.vectorize, self.vectorize))
+        object.__setattr__(self, "vectorize", bare_off(self.vectorize))
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,11 @@ from typing import Any, Mapping
 from fedsim.errors import UserError
 
 
+def bare_off(value):
+    """``"off"`` for what YAML makes of a bare ``off`` (false, or its text "False"); any other value as it is."""
+    return "off" if value in ("False", False) else value
+
+
 def coerce_value(value: Any, annotation: Any, where: str) -> Any:
     """Check and convert one scalar to the field's type."""
     hint = annotation

@@ -106,14 +106,21 @@ class FakeServer:
         self.closed += 1
 
 
-@pytest.mark.parametrize("we_started", [True, False])
-def test_the_ray_backend_stops_only_a_cluster_its_run_started(monkeypatch, we_started):
-    """``connect`` answers False when Ray is already up (a Tune trial, a joined cluster): never shut down then."""
+def fake_ray(monkeypatch, we_started: bool, start_server):
+    """The Ray backend with ``connect`` answering ``we_started``, a counted ``ray.shutdown`` and ``start_server``
+    replaced; returns (the backend module, the list that grows by one per shutdown)."""
     backend = pytest.importorskip("actors.backend")
     shutdowns = []
     monkeypatch.setattr(backend, "connect", lambda address, num_cpus=None: we_started)
     monkeypatch.setattr(backend.ray, "shutdown", lambda: shutdowns.append(1))
-    monkeypatch.setattr(backend, "start_server", lambda config, federation: FakeServer())
+    monkeypatch.setattr(backend, "start_server", start_server)
+    return backend, shutdowns
+
+
+@pytest.mark.parametrize("we_started", [True, False])
+def test_the_ray_backend_stops_only_a_cluster_its_run_started(monkeypatch, we_started):
+    """``connect`` answers False when Ray is already up (a Tune trial, a joined cluster): never shut down then."""
+    backend, shutdowns = fake_ray(monkeypatch, we_started, lambda config, federation: FakeServer())
     config = load_config(None, ["run.backend=ray"])
     for started in (None, backend.start_backend(config)):  # opened directly, and after an early start
         server, close = backend.open_server(config, None, None, started)
@@ -124,15 +131,10 @@ def test_the_ray_backend_stops_only_a_cluster_its_run_started(monkeypatch, we_st
 
 
 def test_a_failed_actor_start_stops_the_cluster_its_run_started(monkeypatch):
-    backend = pytest.importorskip("actors.backend")
-    shutdowns = []
-    monkeypatch.setattr(backend, "connect", lambda address, num_cpus=None: True)
-    monkeypatch.setattr(backend.ray, "shutdown", lambda: shutdowns.append(1))
-
     def failing(config, federation):
         raise UserError("a client actor kept dying")
 
-    monkeypatch.setattr(backend, "start_server", failing)
+    backend, shutdowns = fake_ray(monkeypatch, True, failing)
     with pytest.raises(UserError, match="kept dying"):
         backend.open_server(load_config(None, ["run.backend=ray"]), None)
     assert shutdowns == [1]

@@ -25,13 +25,18 @@ def tree_rss_bytes(root_pid: int | None = None) -> tuple[int, int]:
 
 
 def tree_pss_bytes(root_pid: int | None = None) -> int:
-    """Proportional set size of a process tree: shared library pages divided among their users."""
-    root = psutil.Process(root_pid or os.getpid())
+    """Proportional set size of a process tree: shared library pages divided among their users (the kernel's sums
+    in /proc/<pid>/smaps_rollup, far cheaper to read than smaps)."""
+    try:
+        root = psutil.Process(root_pid or os.getpid())
+        family = [root] + root.children(recursive=True)
+    except psutil.NoSuchProcess:
+        return 0
     total = 0
-    for proc in [root] + root.children(recursive=True):
+    for proc in family:
         try:
-            total += proc.memory_full_info().pss
-        except (psutil.NoSuchProcess, psutil.AccessDenied, AttributeError):
+            total += smaps_rollup(proc.pid)["pss"]
+        except (FileNotFoundError, ProcessLookupError, PermissionError):
             pass
     return total
 
@@ -243,6 +248,27 @@ class Timer:
 
     def __exit__(self, *exc):
         self.seconds = time.perf_counter() - self.start
+
+
+class PeakPss:
+    """The largest PSS of the process trees rooted at ``pids``, sampled every ``interval`` s in a thread until
+    :meth:`stop` (which returns it)."""
+
+    def __init__(self, pids: tuple[int, ...], interval: float = 0.25):
+        self.pids, self.interval, self.peak = pids, interval, 0
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._done.is_set():
+            self.peak = max(self.peak, sum(tree_pss_bytes(pid) for pid in self.pids))
+            self._done.wait(self.interval)
+
+    def stop(self) -> int:
+        self._done.set()
+        self._thread.join()
+        return self.peak
 
 
 class PeakMemory:

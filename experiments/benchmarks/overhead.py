@@ -137,6 +137,12 @@ def run_ray(config, port: int) -> dict:
 CLUSTER_PORT = 6391
 
 
+def joined_env(port: int) -> dict[str, str]:
+    """The environment of a run that joins the benchmark's own ``ray start`` cluster on ``port``: named explicitly,
+    since Ray enables its token authentication then only with RAY_AUTH_MODE=token."""
+    return {"RAY_ADDRESS": f"127.0.0.1:{port}", "RAY_AUTH_MODE": "token"}
+
+
 def run_child(way: str, root: str, port: int) -> dict:
     """One way in a fresh process with a fresh cache: its figures, whole-process seconds and the load average
     before it."""
@@ -150,8 +156,7 @@ def run_child(way: str, root: str, port: int) -> dict:
         "--root",
         root,
     ]
-    # a cluster of our own, named explicitly: Ray enables its token authentication then only with RAY_AUTH_MODE=token
-    env = os.environ | ({"RAY_ADDRESS": f"127.0.0.1:{port}", "RAY_AUTH_MODE": "token"} if way == "reuse" else {})
+    env = os.environ | (joined_env(port) if way == "reuse" else {})
     with tempfile.TemporaryDirectory() as cache, Timer() as whole:
         child = subprocess.run(
             command + ["--cache", cache, "--port", str(port if way == "reuse" else 0)],

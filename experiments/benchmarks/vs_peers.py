@@ -32,14 +32,13 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 
 import numpy as np
 import psutil
 
-from experiments.benchmarks.measure import cluster_pids, machine, smaps_rollup, stop_cluster
-from experiments.benchmarks.overhead import CLUSTER_PORT, start_cluster
+from experiments.benchmarks.measure import PeakPss, cluster_pids, machine, stop_cluster
+from experiments.benchmarks.overhead import CLUSTER_PORT, joined_env, start_cluster
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 RESULT_TAGS = ("PEER-RESULT ", "OVERHEAD-RESULT ")
@@ -69,27 +68,13 @@ def write_clients(root: str) -> str:
     return path
 
 
-def tree_pss(proc: psutil.Process) -> int:
-    total = 0
-    try:
-        family = [proc] + proc.children(recursive=True)
-    except psutil.NoSuchProcess:
-        return 0
-    for member in family:
-        try:
-            total += smaps_rollup(member.pid)["pss"]  # the kernel's sums: far cheaper to read than smaps
-        except (psutil.NoSuchProcess, ProcessLookupError, FileNotFoundError, PermissionError):
-            pass
-    return total
-
-
 def measured(command: list[str], env: dict | None = None, also: tuple[int, ...] = ()) -> tuple[float, int, str]:
     """Run ``command``; its whole seconds, the peak PSS of its process tree (plus the trees of the ``also``
     processes: a joined cluster's, whose actors are not the command's children) and its stdout."""
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
         started = time.perf_counter()
         child = subprocess.Popen(command, stdout=out, stderr=err, env=env, cwd=os.path.dirname(os.path.dirname(HERE)))
-        sampler = PeakPss(child.pid, also)
+        sampler = PeakPss((child.pid, *(pid for pid in also if psutil.pid_exists(pid))))
         child.wait()  # the exit is timed to the moment, not to the sampler's next tick
         seconds = time.perf_counter() - started
         peak = sampler.stop()
@@ -98,27 +83,6 @@ def measured(command: list[str], env: dict | None = None, also: tuple[int, ...] 
     if child.returncode != 0:
         raise SystemExit(f"{' '.join(command[:4])} ... failed (exit {child.returncode}):\n{stderr[-3000:]}")
     return seconds, peak, stdout
-
-
-class PeakPss:
-    """The largest PSS of a process tree (plus the ``also`` trees), sampled every 0.25 s in a thread."""
-
-    def __init__(self, pid: int, also: tuple[int, ...] = ()):
-        self.trees = [psutil.Process(pid)] + [psutil.Process(p) for p in also if psutil.pid_exists(p)]
-        self.peak = 0
-        self._done = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while not self._done.is_set():
-            self.peak = max(self.peak, sum(tree_pss(tree) for tree in self.trees))
-            self._done.wait(0.25)
-
-    def stop(self) -> int:
-        self._done.set()
-        self._thread.join()
-        return self.peak
 
 
 def tagged(stdout: str) -> dict:
@@ -142,8 +106,7 @@ def run_fedsim(root: str, backend: str, extra: list[str], cluster: tuple[int, tu
     from experiments.benchmarks.overhead_job import job_overrides
 
     fedsim = os.path.join(os.path.dirname(sys.executable), "fedsim")
-    # a cluster of our own, named explicitly: Ray enables its token authentication then only with RAY_AUTH_MODE=token
-    env = os.environ | {"RAY_ADDRESS": f"127.0.0.1:{cluster[0]}", "RAY_AUTH_MODE": "token"} if cluster else None
+    env = os.environ | joined_env(cluster[0]) if cluster else None
     address = "auto" if cluster else ""
     with tempfile.TemporaryDirectory() as scratch:
         overrides = job_overrides(root, os.path.join(scratch, "cache"), backend, address) + extra

@@ -65,11 +65,9 @@ def use_vectorized(mode: str, method, operation: str, count: int) -> bool:
     return bool(method.vectorizable(operation))
 
 
-def _stacked(jobs: Sequence[ClientJob], name: str, field: str, device) -> torch.Tensor:
-    """Tensor ``name`` of every job's ``field`` (``weights``, or the proximal ``anchor``, which defaults to the
-    weights), stacked along a client axis: one numpy stack, one tensor."""
-    arrays = [np.asarray((getattr(j, field) or j.weights)[name]) for j in jobs]
-    return torch.from_numpy(np.stack(arrays)).to(device)
+def _stacked(arrays: Sequence, device) -> torch.Tensor:
+    """The clients' arrays of one tensor along a client axis: one numpy stack, one torch tensor."""
+    return torch.from_numpy(np.stack([np.asarray(a) for a in arrays])).to(device)
 
 
 def _schedules(jobs: Sequence[ClientJob], epochs: int, batch_size: int) -> list[list[list[torch.Tensor]]]:
@@ -159,9 +157,9 @@ def train_clients(
     if any(j.y is None for j in jobs):
         raise ValueError("train_clients needs labels: the target client's training inputs are unlabeled")
     names = [name for name, _ in model.named_parameters()]
-    params = {n: _stacked(jobs, n, "weights", device) for n in names}
+    params = {n: _stacked([j.weights[n] for j in jobs], device) for n in names}
     buffers = {n: torch.zeros_like(p) for n, p in params.items()}
-    anchors = {n: _stacked(jobs, n, "anchor", device) for n in names} if mu else {}
+    anchors = {n: _stacked([(j.anchor or j.weights)[n] for j in jobs], device) for n in names} if mu else {}
     x = torch.from_numpy(np.concatenate([j.x for j in jobs])).to(device)
     y = torch.from_numpy(np.concatenate([j.y for j in jobs])).to(device)
     offsets = np.concatenate([[0], np.cumsum([len(j.x) for j in jobs])[:-1]]).tolist()

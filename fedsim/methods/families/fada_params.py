@@ -18,6 +18,7 @@ from fedsim.errors import UserError
 from fedsim.methods.common.attention import GAIN_FORMS
 from fedsim.methods.common.checks import check_params
 from fedsim.methods.common.consensus_guard import GUARDS
+from fedsim.validation import bare_off
 
 
 @dataclass(frozen=True)
@@ -52,8 +53,7 @@ class FADAParams:
     guard_identifier_accuracy: float = 0.99  # mean domain-identifier accuracy at which the alignment is dropped
 
     def __post_init__(self):
-        if self.guard in ("False", False):  # YAML reads a bare `off` as false
-            object.__setattr__(self, "guard", "off")
+        object.__setattr__(self, "guard", bare_off(self.guard))  # YAML reads a bare `off` as false
         positive = (
             "identifier_hidden",
             "parts_hidden",
