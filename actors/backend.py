@@ -148,6 +148,23 @@ def start_server(config, federation) -> RemoteServer:
     return server
 
 
+def shutdown_own_cluster() -> None:
+    """``ray.shutdown()`` of the cluster this process started, without a second spent on its autoscaler monitor.
+
+    Ray stops the GCS before the monitor, whose SIGTERM handler then reports its end to the stopped GCS until
+    Ray's one-second grace runs out and it is killed anyway (1.0 s of the 1.4 s shutdown, measured on this job).
+    A local cluster has nothing to scale, so the monitor is killed first and the rest stops as Ray stops it
+    (0.35 s). Ray 2.60 keeps its processes in the node object of ``ray._private.worker``; when that changes, the
+    plain shutdown runs."""
+    node = getattr(getattr(ray, "_private", None), "worker", None)
+    processes = getattr(getattr(node, "_global_node", None), "all_processes", None) or {}
+    for info in processes.get("monitor", []):
+        with contextlib.suppress(Exception):  # already gone, or not a process handle: the shutdown stops it
+            info.process.kill()
+            info.process.wait(timeout=1)
+    ray.shutdown()
+
+
 class ClusterStart:
     """The run's connection to Ray: ``started`` when this run started the cluster, so that :meth:`stop` (once)
     shuts it down; a joined cluster, or one a Tune trial runs in, is left as it is."""
@@ -158,7 +175,7 @@ class ClusterStart:
     def stop(self) -> None:
         if self.started:
             self.started = False
-            ray.shutdown()
+            shutdown_own_cluster()
 
 
 def start_backend(config, num_cpus: int | None = None) -> ClusterStart:

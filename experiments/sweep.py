@@ -165,7 +165,7 @@ def run_grid(
     import ray
     from ray import tune
 
-    from actors.backend import check_reachable, connect
+    from actors.backend import check_reachable, connect, shutdown_own_cluster
 
     if address:
         check_reachable(address)  # also when this process already runs Ray
@@ -189,7 +189,7 @@ def run_grid(
         return collect_records(_fit(tuner), spec, configs)
     finally:
         if started:
-            ray.shutdown()
+            shutdown_own_cluster()
 
 
 def report_failures(records: list[dict], command: str, out: Path) -> int:

@@ -113,6 +113,7 @@ def fake_ray(monkeypatch, we_started: bool, start_server):
     shutdowns = []
     monkeypatch.setattr(backend, "connect", lambda address, num_cpus=None: we_started)
     monkeypatch.setattr(backend.ray, "shutdown", lambda: shutdowns.append(1))
+    monkeypatch.setattr(backend.ray._private.worker, "_global_node", None)  # no real node's processes touched
     monkeypatch.setattr(backend, "start_server", start_server)
     return backend, shutdowns
 
@@ -138,3 +139,35 @@ def test_a_failed_actor_start_stops_the_cluster_its_run_started(monkeypatch):
     with pytest.raises(UserError, match="kept dying"):
         backend.open_server(load_config(None, ["run.backend=ray"]), None)
     assert shutdowns == [1]
+
+
+class FakeProcess:
+    def __init__(self, log: list, name: str):
+        self.log, self.name = log, name
+
+    def kill(self):
+        self.log.append(f"kill {self.name}")
+
+    def wait(self, timeout=None):
+        self.log.append(f"wait {self.name}")
+
+
+def test_the_own_cluster_stops_without_waiting_on_its_autoscaler_monitor(monkeypatch):
+    """The monitor is killed first (its SIGTERM handler would wait on the GCS that Ray stops before it); the other
+    daemons are left to ``ray.shutdown``, which still runs once."""
+    backend = pytest.importorskip("actors.backend")
+    log = []
+    node = types.SimpleNamespace(
+        all_processes={
+            "raylet": [types.SimpleNamespace(process=FakeProcess(log, "raylet"))],
+            "monitor": [types.SimpleNamespace(process=FakeProcess(log, "monitor"))],
+        }
+    )
+    monkeypatch.setattr(backend.ray._private.worker, "_global_node", node)
+    monkeypatch.setattr(backend.ray, "shutdown", lambda: log.append("shutdown"))
+    backend.shutdown_own_cluster()
+    assert log == ["kill monitor", "wait monitor", "shutdown"]
+    monkeypatch.setattr(backend.ray._private.worker, "_global_node", None)  # no node object (another Ray): plain
+    log.clear()
+    backend.shutdown_own_cluster()
+    assert log == ["shutdown"]

@@ -61,6 +61,7 @@ def test_the_disentanglement_stage_takes_dals_adam_unless_told_the_local_sgd():
     gives the local training's SGD (lr, momentum and weight decay of the method section)."""
     from types import SimpleNamespace
 
+    from fedsim.methods.common.sgd import SGD
     from fedsim.methods.families.fada_params import FADAParams
 
     params = [nn.Parameter(torch.zeros(2))]
@@ -69,4 +70,4 @@ def test_the_disentanglement_stage_takes_dals_adam_unless_told_the_local_sgd():
     assert adam.defaults["lr"] == 2e-4 and adam.defaults["weight_decay"] == 5e-4
     local = SimpleNamespace(lr=0.05, momentum=0.9, weight_decay=0.0)
     sgd = FADAParams(disentangle_optimizer="local").disentangle_optimizers(local)(params)
-    assert isinstance(sgd, torch.optim.SGD) and (sgd.defaults["lr"], sgd.defaults["momentum"]) == (0.05, 0.9)
+    assert isinstance(sgd, SGD) and (sgd.defaults["lr"], sgd.defaults["momentum"]) == (0.05, 0.9)

@@ -10,6 +10,7 @@ from fedsim.data.scenario import ClientInfo, Federation, build_federation, load_
 from fedsim.messages import Reply
 from fedsim.methods.base import Method
 from fedsim.methods.common.aggregation import weighted_average
+from fedsim.methods.common.sgd import SGD
 from fedsim.registry import METHODS
 from fedsim.runtime import Server
 from fedsim.runtime.context import RoundContext
@@ -118,7 +119,7 @@ def _state_leaves(state, transient) -> list[np.ndarray]:
         return [leaf for value in state for leaf in _state_leaves(value, ())]
     if isinstance(state, torch.nn.Module):
         return [t.detach().cpu().numpy() for t in state.state_dict().values()]
-    if isinstance(state, torch.optim.Optimizer):
+    if isinstance(state, (torch.optim.Optimizer, SGD)):
         return _state_leaves(list(state.state.values()), ())
     if isinstance(state, torch.Tensor):
         return [state.detach().cpu().numpy()]

@@ -44,8 +44,6 @@ def threads_for(cpus: float) -> int:
 
 class ClientHost:
     def __init__(self, config, federation: Federation, client_ids: Iterable[int], device: str = "cpu"):
-        import torch._dynamo  # noqa: F401  (torch.optim imports it on a client's first step, ~1 s: pay it at start-up)
-
         from fedsim.registry import METHODS
 
         self.config = config

@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from fedsim.data.base import ArraySplit
+from fedsim.methods.common.sgd import SGD
 
 #: rows per forward pass when a whole split is encoded or evaluated without gradients (bounds memory)
 CHUNK = 512
@@ -26,10 +27,11 @@ def load_numpy(model: nn.Module, tensors: Mapping[str, np.ndarray], strict: bool
     model.load_state_dict(state, strict=strict)
 
 
-def make_optimizer(model_or_params, method_config, lr: Optional[float] = None) -> torch.optim.Optimizer:
-    """SGD with the method section's momentum and weight decay (``lr`` overrides ``method.lr``)."""
+def make_optimizer(model_or_params, method_config, lr: Optional[float] = None) -> SGD:
+    """SGD with the method section's momentum and weight decay (``lr`` overrides ``method.lr``): the update of
+    ``torch.optim.SGD``, without its import of ``torch._dynamo`` (:mod:`fedsim.methods.common.sgd`)."""
     params = model_or_params.parameters() if isinstance(model_or_params, nn.Module) else model_or_params
-    return torch.optim.SGD(
+    return SGD(
         params,
         lr=method_config.lr if lr is None else lr,
         momentum=method_config.momentum,
@@ -61,7 +63,7 @@ def train_epochs(
     split: ArraySplit,
     epochs: int,
     batch_size: int,
-    optimizer: torch.optim.Optimizer,
+    optimizer: SGD | torch.optim.Optimizer,
     seed: int,
     device: torch.device,
     step_loss: Optional[StepLoss] = None,
