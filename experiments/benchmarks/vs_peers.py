@@ -11,7 +11,9 @@ thread per training process. Every way gets the same 10 clients' arrays. Each wa
   fedsim's ``round_seconds`` (metrics.jsonl reports ``eval_seconds`` and ``checkpoint_seconds`` apart), pfl's
   time between its central iterations, the floor's own clock;
 - **PSS MiB**: the largest proportional set size of the whole process tree (every descendant: Ray's daemons and
-  actors, torchrun's workers), sampled every 0.25 s.
+  actors, torchrun's workers), sampled every 0.25 s in one more run of each way after the timed ones. The timed
+  runs are not sampled: reading one torch process's ``smaps_rollup`` costs about 10 ms of CPU, so on two cores
+  the sampler slows a tree of three torch processes (Ray's, torchrun's) more than the floor's single one.
 
     python -m experiments.benchmarks.vs_peers [--repeat 3] [--joined] [--peer-python /path/to/venv/bin/python]
 
@@ -68,16 +70,19 @@ def write_clients(root: str) -> str:
     return path
 
 
-def measured(command: list[str], env: dict | None = None, also: tuple[int, ...] = ()) -> tuple[float, int, str]:
-    """Run ``command``; its whole seconds, the peak PSS of its process tree (plus the trees of the ``also``
-    processes: a joined cluster's, whose actors are not the command's children) and its stdout."""
+def measured(
+    command: list[str], env: dict | None = None, also: tuple[int, ...] = (), sample: bool = False
+) -> tuple[float, int, str]:
+    """Run ``command``; its whole seconds, with ``sample`` the peak PSS of its process tree (plus the trees of the
+    ``also`` processes: a joined cluster's, whose actors are not the command's children; 0 without) and its
+    stdout."""
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
         started = time.perf_counter()
         child = subprocess.Popen(command, stdout=out, stderr=err, env=env, cwd=os.path.dirname(os.path.dirname(HERE)))
-        sampler = PeakPss((child.pid, *(pid for pid in also if psutil.pid_exists(pid))))
+        sampler = PeakPss((child.pid, *(pid for pid in also if psutil.pid_exists(pid)))) if sample else None
         child.wait()  # the exit is timed to the moment, not to the sampler's next tick
         seconds = time.perf_counter() - started
-        peak = sampler.stop()
+        peak = sampler.stop() if sampler else 0
         out.seek(0), err.seek(0)
         stdout, stderr = out.read(), err.read()
     if child.returncode != 0:
@@ -93,15 +98,15 @@ def tagged(stdout: str) -> dict:
     raise SystemExit(f"no result line in the output:\n{stdout[-2000:]}")
 
 
-def run_floor(root: str) -> dict:
+def run_floor(root: str, sample: bool) -> dict:
     with tempfile.TemporaryDirectory() as cache:
         command = [sys.executable, "-m", "experiments.benchmarks.overhead", "--way", "floor"]
-        seconds, pss, stdout = measured(command + ["--root", root, "--cache", cache])
+        seconds, pss, stdout = measured(command + ["--root", root, "--cache", cache], sample=sample)
     result = tagged(stdout)
     return {"whole_s": seconds, "pss": pss, "rounds": result["detail"]["round_seconds"], "accuracy": result["accuracy"]}
 
 
-def run_fedsim(root: str, backend: str, extra: list[str], cluster: tuple[int, tuple[int, ...]] | None = None) -> dict:
+def run_fedsim(root: str, sample: bool, backend: str, extra: list[str], cluster: tuple | None = None) -> dict:
     """``fedsim run`` of the job; ``cluster``: (port, root pids) of a ``ray start`` cluster to join."""
     from experiments.benchmarks.overhead_job import job_overrides
 
@@ -112,7 +117,8 @@ def run_fedsim(root: str, backend: str, extra: list[str], cluster: tuple[int, tu
         overrides = job_overrides(root, os.path.join(scratch, "cache"), backend, address) + extra
         sets = [a for o in overrides for a in ("--set", o)]
         out = os.path.join(scratch, "run")
-        seconds, pss, _ = measured([fedsim, "run", *sets, "--out", out, "-q"], env, cluster[1] if cluster else ())
+        command = [fedsim, "run", *sets, "--out", out, "-q"]
+        seconds, pss, _ = measured(command, env, cluster[1] if cluster else (), sample)
         with open(os.path.join(out, "metrics.jsonl")) as f:
             rows = [json.loads(line) for line in f]
         with open(os.path.join(out, "summary.json")) as f:
@@ -120,12 +126,12 @@ def run_fedsim(root: str, backend: str, extra: list[str], cluster: tuple[int, tu
     return {"whole_s": seconds, "pss": pss, "rounds": [r["round_seconds"] for r in rows], "accuracy": accuracy}
 
 
-def run_pfl(peer_python: str, clients: str, workers: int) -> dict:
+def run_pfl(peer_python: str, clients: str, workers: int, sample: bool) -> dict:
     script = os.path.join(HERE, "peers_pfl.py")
     launcher = [peer_python] if workers == 1 else [peer_python, "-m", "torch.distributed.run", "--standalone"]
     workers_flag = [] if workers == 1 else ["--nproc_per_node", str(workers)]
     env = os.environ | {"OMP_NUM_THREADS": "1"}
-    seconds, pss, stdout = measured(launcher + workers_flag + [script, clients], env=env)
+    seconds, pss, stdout = measured(launcher + workers_flag + [script, clients], env=env, sample=sample)
     result = tagged(stdout)
     return {"whole_s": seconds, "pss": pss, "rounds": result["round_seconds"], "accuracy": result["accuracy"]}
 
@@ -136,23 +142,28 @@ def has_pfl(python: str) -> bool:
 
 
 def ways(args: argparse.Namespace, cluster) -> dict:
-    """way label -> a function of (root, clients path) that runs it once."""
+    """way label -> a function of (root, clients path, sample) that runs it once (``sample``: its PSS too)."""
+    extra = args.fedsim_set
     table = {
-        "floor: plain serial torch loop": lambda root, clients: run_floor(root),
-        "fedsim, local backend": lambda root, clients: run_fedsim(root, "local", args.fedsim_set),
-        "fedsim, Ray backend (2 actors)": lambda root, clients: run_fedsim(root, "ray", args.fedsim_set),
+        "floor: plain serial torch loop": lambda root, clients, sample: run_floor(root, sample),
+        "fedsim, local backend": lambda root, clients, sample: run_fedsim(root, sample, "local", extra),
+        "fedsim, Ray backend (2 actors)": lambda root, clients, sample: run_fedsim(root, sample, "ray", extra),
     }
     if cluster:
-        table["fedsim, Ray, joined cluster"] = lambda root, clients: run_fedsim(root, "ray", args.fedsim_set, cluster)
+        table["fedsim, Ray, joined cluster"] = lambda root, clients, sample: run_fedsim(
+            root, sample, "ray", extra, cluster
+        )
     if has_pfl(args.peer_python):
-        table["pfl-research, one process"] = lambda root, clients: run_pfl(args.peer_python, clients, 1)
-        table["pfl-research, 2 torchrun workers"] = lambda root, clients: run_pfl(args.peer_python, clients, 2)
+        table["pfl-research, one process"] = lambda root, clients, sample: run_pfl(args.peer_python, clients, 1, sample)
+        table["pfl-research, 2 torchrun workers"] = lambda root, clients, sample: run_pfl(
+            args.peer_python, clients, 2, sample
+        )
     else:
         print(f"pfl-research left out: {args.peer_python} cannot import pfl (pip install 'pfl[pytorch]')")
     return table
 
 
-def report(results: dict[str, list[dict]]) -> None:
+def report(results: dict[str, list[dict]], pss: dict[str, int]) -> None:
     def med(label: str, key) -> float:
         return statistics.median(key(r) for r in results[label])
 
@@ -167,7 +178,7 @@ def report(results: dict[str, list[dict]]) -> None:
         whole, rest = med(label, lambda r: r["whole_s"]), med(label, later)
         print(
             f"{label:34s} {whole:8.2f} {whole / base_whole:6.2f}x {med(label, lambda r: r['rounds'][0]):9.2f} "
-            f"{rest:12.2f} {rest / base_later:6.2f}x {med(label, lambda r: r['pss']) / 2**20:8.0f} "
+            f"{rest:12.2f} {rest / base_later:6.2f}x {pss[label] / 2**20:8.0f} "
             f"{med(label, lambda r: r['accuracy']):10.4f}"
         )
 
@@ -194,12 +205,13 @@ def main() -> None:
             clients = write_clients(root)
             for _ in range(args.repeat):
                 for label, run in table.items():
-                    results[label].append(run(root, clients) | {"load": os.getloadavg()[0]})
+                    results[label].append(run(root, clients, False) | {"load": os.getloadavg()[0]})
+            pss = {label: run(root, clients, True)["pss"] for label, run in table.items()}
         finally:
             if cluster:
                 stop_cluster(CLUSTER_PORT)
-    print(f"fedavg-lenet-10, medians of {args.repeat} interleaved runs, {machine()}")
-    report(results)
+    print(f"fedavg-lenet-10, medians of {args.repeat} interleaved runs (PSS: one more sampled run), {machine()}")
+    report(results, pss)
     if cluster:
         print(
             f"joined cluster: 'ray start --head' took {cluster_start:.2f} s once, outside the runs; its PSS "
