@@ -22,12 +22,15 @@ updates of Sec. 3.3 on one batch of generator features.
 from __future__ import annotations
 
 import math
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 import torch
 from torch import nn
 from torch.nn import functional as F
+
+if TYPE_CHECKING:
+    from fedsim.methods.common.sgd import Optimizer
 
 
 def domain_identifier_loss(source_logits: torch.Tensor, target_logits: torch.Tensor) -> torch.Tensor:
@@ -122,11 +125,7 @@ class AdversarialAlignment:
     """
 
     def __init__(
-        self,
-        net: nn.Module,
-        identifier: nn.Module,
-        identifier_optimizer: torch.optim.Optimizer,
-        generator_optimizer: torch.optim.Optimizer,
+        self, net: nn.Module, identifier: nn.Module, identifier_optimizer: Optimizer, generator_optimizer: Optimizer
     ):
         self.net, self.identifier = net, identifier
         self.identifier_optimizer, self.generator_optimizer = identifier_optimizer, generator_optimizer
@@ -211,8 +210,8 @@ class Disentanglement:
         net: nn.Module,
         parts: nn.Module,
         mine: MINELoss,
-        statistics_optimizer: torch.optim.Optimizer,
-        make_optimizer: Callable[[list], torch.optim.Optimizer],
+        statistics_optimizer: Optimizer,
+        make_optimizer: Callable[[list], Optimizer],
         lambda_entropy: float,
         lambda_mi: float,
         lambda_recon: float,

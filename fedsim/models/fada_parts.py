@@ -17,7 +17,7 @@ features) and the domain identifier DI (source vs target features), the
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator, Mapping
+from typing import TYPE_CHECKING, Iterator, Mapping
 
 import numpy as np
 import torch
@@ -26,6 +26,9 @@ from torch import nn
 from fedsim.losses.dann import DomainDiscriminator
 from fedsim.models.classifier import Classifier
 from fedsim.seeding import numpy_rng
+
+if TYPE_CHECKING:
+    from fedsim.methods.common.sgd import Optimizer
 
 
 def branch(in_features: int, out_features: int) -> nn.Sequential:
@@ -64,12 +67,7 @@ def preserved_buffers(model: nn.Module) -> Iterator[None]:
 
 
 def follow_feature_gradient(
-    net: FADANet,
-    inputs: np.ndarray,
-    gradient: torch.Tensor,
-    optimizer: torch.optim.Optimizer,
-    chunk: int,
-    device: torch.device,
+    net: FADANet, inputs: np.ndarray, gradient: torch.Tensor, optimizer: Optimizer, chunk: int, device: torch.device
 ) -> None:
     """One ``optimizer`` step of G along ``gradient`` = dL/dG(inputs), in training mode.
 
@@ -90,7 +88,7 @@ def align_generator(
     gradients: Mapping[str, np.ndarray],
     count: int,
     seed: int,
-    optimizer: torch.optim.Optimizer,
+    optimizer: Optimizer,
     chunk: int,
     device: torch.device,
 ) -> float:

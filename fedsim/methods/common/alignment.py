@@ -7,7 +7,7 @@ learning rate anneals as mu_0 / (1 + 10 p)^0.75, p the training progress in [0, 
 
 from __future__ import annotations
 
-from typing import Callable, Optional
+from typing import TYPE_CHECKING, Callable, Optional
 
 import numpy as np
 import torch
@@ -16,6 +16,9 @@ from torch import nn
 from fedsim.losses import DomainLoss
 from fedsim.methods.common.training import CHUNK, encode_in_chunks, make_optimizer
 from fedsim.seeding import numpy_rng
+
+if TYPE_CHECKING:
+    from fedsim.methods.common.sgd import Optimizer
 
 TARGET_FEATURES = "target_features"  # payload key of the target features in the sources' fit instruction
 SCHEDULES = ("dann", "constant")  # lambda ramp and learning-rate annealing: Ganin et al.'s, or none
@@ -78,7 +81,7 @@ class AlignmentObjective:
         schedule: Callable[[int], tuple[float, float]],
         batches: int,
         trained: int,
-        optimizer: Optional[torch.optim.Optimizer] = None,
+        optimizer: Optional[Optimizer] = None,
         encode_target: bool = False,
     ):
         self.domain_loss, self.target, self.generator, self.schedule = domain_loss, target, generator, schedule
@@ -116,9 +119,7 @@ class AlignmentObjective:
         return {key: value / max(self.count, 1) for key, value in self.sums.items()}
 
 
-def alignment_optimizer(
-    model: nn.Module, domain_loss: DomainLoss, method_config, domain_lr_scale: float
-) -> torch.optim.Optimizer:
+def alignment_optimizer(model: nn.Module, domain_loss: DomainLoss, method_config, domain_lr_scale: float) -> Optimizer:
     """SGD over the model (``method.lr``) and the domain loss's parameters (``method.lr * domain_lr_scale``);
     each group keeps its base rate as ``initial_lr`` for the annealing."""
     groups = [{"params": list(model.parameters()), "initial_lr": method_config.lr}]

@@ -11,10 +11,13 @@ gradient norm is clipped. The optimizer is the one SGD factory of
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Optional, Sequence
+from typing import TYPE_CHECKING, Callable, Optional, Sequence
 
 import numpy as np
 import torch
+
+if TYPE_CHECKING:
+    from fedsim.methods.common.sgd import Optimizer
 
 from fedsim.models.detector import Detector
 
@@ -65,7 +68,7 @@ def train_steps(
     data: DetectionSet,
     steps: int,
     batch_size: int,
-    optimizer: torch.optim.Optimizer,
+    optimizer: Optimizer,
     seed: int,
     flip: bool = True,
     grad_clip: float = 10.0,

@@ -60,3 +60,7 @@ class SGD:
                         buffer.mul_(momentum).add_(grad, alpha=1)
                     grad = buffer
                 param.add_(grad, alpha=-lr)
+
+
+#: what the local loops accept: fedsim's SGD, or an optimizer of ``torch.optim`` (FADA's and FedDaDiL's Adam)
+Optimizer = SGD | torch.optim.Optimizer

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from fedsim.data.base import ArraySplit
-from fedsim.methods.common.sgd import SGD
+from fedsim.methods.common.sgd import SGD, Optimizer
 
 #: rows per forward pass when a whole split is encoded or evaluated without gradients (bounds memory)
 CHUNK = 512
@@ -63,7 +63,7 @@ def train_epochs(
     split: ArraySplit,
     epochs: int,
     batch_size: int,
-    optimizer: SGD | torch.optim.Optimizer,
+    optimizer: Optimizer,
     seed: int,
     device: torch.device,
     step_loss: Optional[StepLoss] = None,
