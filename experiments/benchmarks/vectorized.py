@@ -16,7 +16,9 @@ client actors, once with ``resources.vectorize=off`` and once with ``auto``, ``-
 and prints the median of the runs' mean round (rounds 2 to ``--rounds``, evaluation apart) for each
 ``--local-epochs`` value, the ratio, and whether both forms reached the same accuracy in every run.
 
-    python -m experiments.benchmarks.vectorized --tep [--rounds 8 --local-epochs 1 5]
+    python -m experiments.benchmarks.vectorized --tep [--rounds 8 --local-epochs 1 5] [--method fedmmd]
+
+``--method fedmmd`` runs FedMMD's rounds instead (the target's features, then the sources' MMD-aligned fit).
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--tep", action="store_true", help="whole FedAvg rounds on TEP, 100 clients, 2 Ray actors")
     parser.add_argument("--rounds", type=int, default=8, help="with --tep: rounds per run")
     parser.add_argument("--local-epochs", type=int, nargs="+", default=[1, 5], help="with --tep")
+    parser.add_argument("--method", choices=("fedavg", "fedmmd"), default="fedavg", help="with --tep")
     return parser.parse_args()
 
 
@@ -85,8 +88,9 @@ def median_seconds(function, repeats: int):
     return statistics.median(times), result
 
 
-def tep_rounds(vectorize: str, rounds: int, epochs: int) -> tuple[float, float]:
-    """Mean seconds of rounds 2.. of a FedAvg run on TEP (100 clients per round, Ray, 2 actors), target accuracy."""
+def tep_rounds(vectorize: str, rounds: int, epochs: int, method: str = "fedavg") -> tuple[float, float]:
+    """Mean seconds of rounds 2.. of a ``method`` run on TEP (100 clients per round, Ray, 2 actors), target
+    accuracy."""
     from fedsim.api import run_experiment
     from fedsim.config import load_config
 
@@ -95,7 +99,7 @@ def tep_rounds(vectorize: str, rounds: int, epochs: int) -> tuple[float, float]:
         "data.target": "mode1",
         "data.clients_per_domain": 20,
         "model.name": "mlp",
-        "method.name": "fedavg",
+        "method.name": method,
         "method.local_epochs": epochs,
         "run.rounds": rounds,
         "run.eval_every": rounds,
@@ -112,13 +116,13 @@ def tep_rounds(vectorize: str, rounds: int, epochs: int) -> tuple[float, float]:
 
 def main_tep(args: argparse.Namespace) -> None:
     print(
-        f"FedAvg on TEP, 100 clients per round, Ray backend with 2 client actors, "
+        f"{args.method} on TEP, 100 clients per round, Ray backend with 2 client actors, "
         f"medians of {args.repeats} runs, {machine()}"
     )
     print(f"{'local epochs':>12s} {'loop s/round':>12s} {'batched s/round':>15s} {'ratio':>6s} {'same accuracy':>13s}")
     for epochs in args.local_epochs:
         runs = [
-            (tep_rounds("off", args.rounds, epochs), tep_rounds("auto", args.rounds, epochs))
+            (tep_rounds("off", args.rounds, epochs, args.method), tep_rounds("auto", args.rounds, epochs, args.method))
             for _ in range(args.repeats)
         ]
         loop_s = statistics.median(loop[0] for loop, _ in runs)

@@ -21,12 +21,18 @@ FedDANN's value, so the two differ by the loss alone.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
+from fedsim.data.base import ClientData
 from fedsim.errors import UserError
 from fedsim.losses import DomainLoss, MMDLoss
 from fedsim.losses.mmd import DEFAULT_MULTIPLIERS
+from fedsim.messages import Instruction, Reply
+from fedsim.methods.common.alignment import TARGET_FEATURES, steps_per_epoch
+from fedsim.methods.common.settings import LocalSettings
 from fedsim.methods.families.alignment import AlignmentParams, FeatureAlignment
 from fedsim.registry import METHODS
+from fedsim.seeding import derive_seed
 
 
 @METHODS.register("fedmmd")
@@ -50,5 +56,42 @@ class FedMMD(FeatureAlignment):
                     "method.kernel_multipliers is empty: give some (e.g. 0.5,1,2) or fixed method.bandwidths"
                 )
 
+    #: ``fit`` has a batched counterpart for ``resources.vectorize: auto`` (a subclass keeps the loop unless it
+    #: declares it too; FedDANN's private discriminators are not batched)
+    vectorized_operations = {"fit": "fit_vectorized"}
+
     def make_domain_loss(self, in_features: int) -> DomainLoss:
         return MMDLoss(self.params.bandwidths, self.params.kernel_multipliers)
+
+    def vectorizable(self, operation: str) -> bool:
+        """The rule of ``auto`` (:func:`fedsim.methods.common.vectorized.vectorizable_model`)."""
+        from fedsim.methods.common.vectorized import vectorizable_model
+
+        return vectorizable_model(self.classifier.shared(), self.device)
+
+    def fit_vectorized(self, items: list[tuple[Instruction, Any, ClientData]]) -> list[tuple[Reply, Any]]:
+        """:meth:`fit` for several sources at once (fedsim.methods.common.vectorized_alignment): the same batches,
+        target batches, schedule and SGD, one batched computation."""
+        from fedsim.methods.common.vectorized import ClientJob
+        from fedsim.methods.common.vectorized_alignment import AlignmentJob, train_alignment_grouped
+
+        jobs, settings, targets = [], [], []
+        for instruction, _, data in items:
+            if data.train.y is None:
+                raise ValueError("fit needs labels: only source clients train, the target client only sends features")
+            local = LocalSettings.from_config(instruction.config, self.config.method)
+            seed = instruction.config["seed"]
+            weights = {k: v for k, v in instruction.tensors.items() if k != TARGET_FEATURES}
+            batches, _ = steps_per_epoch(len(data.train), local.batch_size)
+            schedule = self.step_schedule(instruction.config["round"], local.local_epochs * batches)
+            job = ClientJob(data.train.x, data.train.y, weights, seed)
+            jobs.append(AlignmentJob(job, derive_seed(seed, "target-batch"), schedule))
+            settings.append(local)
+            targets.append(instruction.tensors[TARGET_FEATURES])
+        kernels = (self.params.bandwidths, self.params.kernel_multipliers)
+        model = self.classifier.shared()
+        weights, metrics = train_alignment_grouped(model, jobs, settings, targets, self.device, kernels)
+        return [
+            (Reply(data.client_id, w, m, num_examples=len(data.train)), state)
+            for (_, state, data), w, m in zip(items, weights, metrics)
+        ]

@@ -65,12 +65,12 @@ def use_vectorized(mode: str, method, operation: str, count: int) -> bool:
     return bool(method.vectorizable(operation))
 
 
-def _stacked(arrays: Sequence, device) -> torch.Tensor:
+def stacked_arrays(arrays: Sequence, device) -> torch.Tensor:
     """The clients' arrays of one tensor along a client axis: one numpy stack, one torch tensor."""
     return torch.from_numpy(np.stack([np.asarray(a) for a in arrays])).to(device)
 
 
-def _schedules(jobs: Sequence[ClientJob], epochs: int, batch_size: int) -> list[list[list[torch.Tensor]]]:
+def client_schedules(jobs: Sequence[ClientJob], epochs: int, batch_size: int) -> list[list[list[torch.Tensor]]]:
     """Each client's index batches, per epoch, as ``train_epochs`` draws them from the client's seed."""
     out = []
     for job in jobs:
@@ -79,7 +79,7 @@ def _schedules(jobs: Sequence[ClientJob], epochs: int, batch_size: int) -> list[
     return out
 
 
-def _padded_steps(schedules, offsets: list[int], batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+def padded_steps(schedules, offsets: list[int], batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Rows into the clients' concatenated data [steps, clients, batch_size] and their weights (1 or 0)."""
     flat = [[idx for epoch in schedule for idx in epoch] for schedule in schedules]
     steps = max((len(f) for f in flat), default=0)
@@ -132,8 +132,9 @@ def _sgd_step(params, buffers, grads, active, settings) -> None:
         params[name] = torch.where(keep, p.add(d_p, alpha=-settings.lr), p)
 
 
-def _last_epoch_losses(schedules, losses: torch.Tensor) -> list[float]:
-    """Each client's mean loss over its last epoch's batches (weighted by batch size, as ``train_epochs``)."""
+def last_epoch_means(schedules, losses: torch.Tensor) -> list[float]:
+    """Each client's mean of a per-step value (losses [steps, clients]) over its last epoch's batches, weighted by
+    batch size (as ``train_epochs`` averages its loss)."""
     values = losses.tolist()
     out = []
     for k, schedule in enumerate(schedules):
@@ -157,14 +158,14 @@ def train_clients(
     if any(j.y is None for j in jobs):
         raise ValueError("train_clients needs labels: the target client's training inputs are unlabeled")
     names = [name for name, _ in model.named_parameters()]
-    params = {n: _stacked([j.weights[n] for j in jobs], device) for n in names}
+    params = {n: stacked_arrays([j.weights[n] for j in jobs], device) for n in names}
     buffers = {n: torch.zeros_like(p) for n, p in params.items()}
-    anchors = {n: _stacked([(j.anchor or j.weights)[n] for j in jobs], device) for n in names} if mu else {}
+    anchors = {n: stacked_arrays([(j.anchor or j.weights)[n] for j in jobs], device) for n in names} if mu else {}
     x = torch.from_numpy(np.concatenate([j.x for j in jobs])).to(device)
     y = torch.from_numpy(np.concatenate([j.y for j in jobs])).to(device)
     offsets = np.concatenate([[0], np.cumsum([len(j.x) for j in jobs])[:-1]]).tolist()
-    schedules = _schedules(jobs, settings.local_epochs, settings.batch_size)
-    rows, mask = _padded_steps(schedules, offsets, settings.batch_size)
+    schedules = client_schedules(jobs, settings.local_epochs, settings.batch_size)
+    rows, mask = padded_steps(schedules, offsets, settings.batch_size)
     rows, mask = rows.to(device), mask.to(device)
     step = _batched_step(model, mu)
     losses = []
@@ -174,7 +175,7 @@ def train_clients(
         losses.append(loss)
     stacked = {n: params[n].detach().cpu().numpy().copy() for n in names}  # one copy per tensor, a view per client
     weights = [{n: stacked[n][k] for n in names} for k in range(len(jobs))]
-    return weights, _last_epoch_losses(schedules, torch.stack(losses) if losses else torch.zeros(0, len(jobs)))
+    return weights, last_epoch_means(schedules, torch.stack(losses) if losses else torch.zeros(0, len(jobs)))
 
 
 def train_grouped(
