@@ -166,6 +166,9 @@ def test_feddann_and_fedmmd_differ_only_by_the_loss_object(toy_overrides):
     }
     allowed.update({"operations", "server_needs_torch"})  # set on every subclass by Method.__init_subclass__
     allowed.add("domain_lr_scale")  # the learning rate of the loss's own parameters (DANN's discriminator)
+    # FedMMD's batched form of the same fit (resources.vectorize=auto), equal to the loop's within rounding:
+    # tests/test_vectorized_alignment.py
+    allowed.update({"vectorized_operations", "vectorizable", "fit_vectorized"})
     for cls in (FedDANN, FedMMD):
         assert cls.__bases__ == (FeatureAlignment,)
         assert set(vars(cls)) <= allowed, f"{cls.__name__} overrides more than the loss: {set(vars(cls)) - allowed}"
