@@ -125,3 +125,15 @@ def test_a_whole_fedmmd_run_batched_is_the_loops_run(toy_overrides, tmp_path):
     for name, value in runs["off"].global_tensors.items():
         np.testing.assert_allclose(runs["auto"].global_tensors[name], value, rtol=0, atol=ATOL, err_msg=name)
     assert runs["auto"].summary["target_accuracy"] == pytest.approx(runs["off"].summary["target_accuracy"], abs=1e-9)
+
+
+def test_fewer_target_features_than_a_batch_keep_the_loop(toy_overrides, monkeypatch):
+    """The loop's MMD takes as many target rows as there are (here 8 for batches of 16): the batched form, which
+    pairs each source row with a target row, leaves such a round to the loop."""
+    calls = _spy(monkeypatch)
+    overrides = toy_overrides + SETTINGS + ["method.name=fedmmd", "method.target_batch=8", "data.clients_per_domain=3"]
+    replies = {mode: _fit(load_config(None, overrides + [f"resources.vectorize={mode}"])) for mode in ("off", "auto")}
+    assert calls == []
+    for cid, reply in replies["off"].items():
+        for name, value in reply.tensors.items():
+            assert np.array_equal(replies["auto"][cid].tensors[name], value)

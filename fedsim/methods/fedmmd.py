@@ -75,6 +75,11 @@ class FedMMD(FeatureAlignment):
         from fedsim.methods.common.vectorized import ClientJob
         from fedsim.methods.common.vectorized_alignment import AlignmentJob, train_alignment_grouped
 
+        if any(
+            len(ins.tensors[TARGET_FEATURES]) < ins.config.get("batch_size", self.config.method.batch_size)
+            for ins, _, _ in items
+        ):  # fewer target rows than a batch: the loop's unequal-size MMD
+            return [self.fit(instruction, state, data) for instruction, state, data in items]
         jobs, settings, targets = [], [], []
         for instruction, _, data in items:
             if data.train.y is None:

@@ -172,7 +172,9 @@ def train_alignment_clients(
     empty = torch.zeros(0, len(jobs))
     columns = [torch.stack(v) if v else empty for v in (tasks, mmds)] + [rates]
     means = [last_epoch_means(schedules, column) for column in columns]
-    return weights, [dict(zip(("train_loss", "domain_loss", "lr"), values)) for values in zip(*means)]
+    keys = ("train_loss", "domain_loss", "lr")
+    trained = [any(len(epoch) for epoch in schedule) for schedule in schedules]  # no step: no metrics, as the loop
+    return weights, [dict(zip(keys, values)) if ran else {} for values, ran in zip(zip(*means), trained)]
 
 
 def train_alignment_grouped(
