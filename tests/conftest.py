@@ -118,6 +118,19 @@ def run_until(config, out_dir, stop_round: int) -> None:
         simulator.run()
 
 
+def batch_sizes_of(monkeypatch, module, name: str) -> list[int]:
+    """The number of clients (jobs, the second argument) of each call of ``module.name``, recorded as they happen."""
+    calls: list[int] = []
+    original = getattr(module, name)
+
+    def spy(model, jobs, *args, **kwargs):
+        calls.append(len(jobs))
+        return original(model, jobs, *args, **kwargs)
+
+    monkeypatch.setattr(module, name, spy)
+    return calls
+
+
 def assert_same_results(first, second, summary_keys) -> None:
     """Two RunResults agree on the given summary entries and bit for bit on the global tensors."""
     import numpy as np

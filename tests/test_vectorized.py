@@ -6,7 +6,7 @@ on CPU: at most 1e-7; batched matrix products sum in another order), whatever th
 
 import numpy as np
 import pytest
-from conftest import assert_same_results
+from conftest import assert_same_results, batch_sizes_of
 
 from fedsim.api import run_experiment
 from fedsim.config import load_config
@@ -51,15 +51,7 @@ def _fit(config, groups=None):
 
 def _count_batched(monkeypatch) -> list[int]:
     """The number of clients of each batched training call, recorded as they happen."""
-    calls: list[int] = []
-    original = vectorized.train_clients
-
-    def spy(model, jobs, *args, **kwargs):
-        calls.append(len(jobs))
-        return original(model, jobs, *args, **kwargs)
-
-    monkeypatch.setattr(vectorized, "train_clients", spy)
-    return calls
+    return batch_sizes_of(monkeypatch, vectorized, "train_clients")
 
 
 def _max_gap(first, second) -> float:

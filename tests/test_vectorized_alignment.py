@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 import torch
+from conftest import batch_sizes_of
 
 from fedsim.config import load_config
 from fedsim.data.scenario import build_federation
@@ -63,15 +64,7 @@ def _fit(config, groups=None):
 
 
 def _spy(monkeypatch) -> list[int]:
-    calls: list[int] = []
-    original = vectorized_alignment.train_alignment_clients
-
-    def spy(model, jobs, *args, **kwargs):
-        calls.append(len(jobs))
-        return original(model, jobs, *args, **kwargs)
-
-    monkeypatch.setattr(vectorized_alignment, "train_alignment_clients", spy)
-    return calls
+    return batch_sizes_of(monkeypatch, vectorized_alignment, "train_alignment_clients")
 
 
 def test_batched_fedmmd_fit_gives_each_source_the_loops_weights_and_metrics(toy_overrides, monkeypatch):

@@ -178,18 +178,25 @@ def train_clients(
     return weights, last_epoch_means(schedules, torch.stack(losses) if losses else torch.zeros(0, len(jobs)))
 
 
+def in_groups(keys: Sequence, train) -> tuple[list, list]:
+    """``train(key, members)`` -> (weights, per-client values) once per distinct key (hashable) over the members
+    (indices) that share it; both lists back in the members' original order."""
+    groups: dict = {}
+    for i, key in enumerate(keys):
+        groups.setdefault(key, []).append(i)
+    weights: list = [None] * len(keys)
+    values: list = [None] * len(keys)
+    for key, members in groups.items():
+        for i, w, value in zip(members, *train(key, members)):
+            weights[i], values[i] = w, value
+    return weights, values
+
+
 def train_grouped(
     model: nn.Module, jobs: Sequence[ClientJob], settings: Sequence, device, mu: float = 0.0
 ) -> tuple[list[dict[str, np.ndarray]], list[float]]:
     """:func:`train_clients` over the jobs that share their local settings (``settings[i]`` is job i's, hashable),
     results in the jobs' order."""
-    groups: dict = {}
-    for i, setting in enumerate(settings):
-        groups.setdefault(setting, []).append(i)
-    weights: list = [None] * len(jobs)
-    losses: list = [None] * len(jobs)
-    for setting, members in groups.items():
-        group_weights, group_losses = train_clients(model, [jobs[i] for i in members], setting, device, mu)
-        for i, w, loss in zip(members, group_weights, group_losses):
-            weights[i], losses[i] = w, loss
-    return weights, losses
+    return in_groups(
+        settings, lambda setting, members: train_clients(model, [jobs[i] for i in members], setting, device, mu)
+    )

@@ -22,7 +22,14 @@ from torch import nn
 from torch.func import functional_call, vmap
 
 from fedsim.methods.common.alignment import steps_per_epoch
-from fedsim.methods.common.vectorized import ClientJob, client_schedules, last_epoch_means, padded_steps, stacked_arrays
+from fedsim.methods.common.vectorized import (
+    ClientJob,
+    client_schedules,
+    in_groups,
+    last_epoch_means,
+    padded_steps,
+    stacked_arrays,
+)
 
 
 @dataclass(frozen=True)
@@ -182,16 +189,10 @@ def train_alignment_grouped(
 ) -> tuple[list[dict[str, np.ndarray]], list[dict[str, float]]]:
     """:func:`train_alignment_clients` over the jobs that share their local settings and target features (one
     round's sources share both), results in the jobs' order."""
-    groups: dict = {}
-    for i, (setting, target) in enumerate(zip(settings, targets)):
-        groups.setdefault((setting, id(target)), []).append(i)
-    weights: list = [None] * len(jobs)
-    metrics: list = [None] * len(jobs)
-    for (setting, _), members in groups.items():
+
+    def train(key, members):
+        setting, _ = key
         group = [jobs[i] for i in members]
-        group_weights, group_metrics = train_alignment_clients(
-            model, group, setting, targets[members[0]], device, kernels
-        )
-        for i, w, m in zip(members, group_weights, group_metrics):
-            weights[i], metrics[i] = w, m
-    return weights, metrics
+        return train_alignment_clients(model, group, setting, targets[members[0]], device, kernels)
+
+    return in_groups([(setting, id(target)) for setting, target in zip(settings, targets)], train)
