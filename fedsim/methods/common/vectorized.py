@@ -1,18 +1,19 @@
-"""Several clients' local SGD as one batched computation (``torch.func``: ``functional_call``, ``vmap``).
+"""Several clients' local SGD as one batched computation.
 
-The clients' parameters and momentum buffers are stacked along a leading client axis; each step is one
-``vmap`` of the forward pass over clients and one backward pass (faster on CPU than ``vmap`` of ``grad``).
-Each client keeps what :func:`fedsim.methods.common.training.train_epochs` gives it: its own batch order
-(:func:`minibatches` from its own seeded generator), SGD with momentum and weight decay as ``torch.optim.SGD``
-computes it, and the last epoch's mean loss. Uneven client sizes are handled by masking: every batch is padded
-to ``batch_size`` rows whose loss weight is 0, and a client that has run all its steps keeps its parameters and
-momentum while the others go on, so a small client costs padded steps, never a different result. The weights
+The clients' parameters and momentum buffers are stacked along a leading client axis; each step is one batched
+forward and backward pass over the clients (:mod:`fedsim.methods.common.linear_chain`: hand-written ``bmm``
+products, faster on CPU than ``vmap`` with autograd). Each client keeps what
+:func:`fedsim.methods.common.training.train_epochs` gives it: its own batch order (:func:`minibatches` from its own
+seeded generator), SGD with momentum and weight decay as ``torch.optim.SGD`` computes it, and the last epoch's mean
+loss. Uneven client sizes are handled by grouping: at each step the clients whose batches have the same length
+train in one call (one call for every client when all batches are alike, as on TEP's equal clients), and a client
+that has run all its steps sits out, so no client computes on padding and none gets a different result. The weights
 equal the loop's within float rounding (batched products sum in another order; tests/test_vectorized.py).
 
 ``resources.vectorize: auto`` uses it where it is faster (:func:`use_vectorized`): a method that declares a
-batched counterpart of an operation in its own class (``vectorized_operations``, never inherited), a model of
-``Linear`` and ``ReLU`` layers only (convolutions are slower under ``vmap`` on CPU and keep the loop), on CPU,
-for two clients or more in one call. ``off`` (the default) always runs the loop.
+batched counterpart of an operation in its own class (``vectorized_operations``, never inherited), a model whose
+forward pass is a chain of ``Linear`` and ``ReLU`` layers (convolutions are slower batched on CPU and keep the
+loop), on CPU, for two clients or more in one call. ``off`` (the default) always runs the loop.
 """
 
 from __future__ import annotations
@@ -23,13 +24,11 @@ from typing import Mapping, Optional, Sequence
 import numpy as np
 import torch
 from torch import nn
-from torch.func import functional_call, vmap
 
+from fedsim.methods.common.linear_chain import chain_of, chain_sgd_step
 from fedsim.methods.common.training import minibatches
 
 VECTORIZE_MODES = ("off", "auto")
-#: layer types of a model that ``auto`` vectorizes (containers hold no computation of their own)
-VECTORIZABLE_LAYERS = (nn.Linear, nn.ReLU)
 
 
 @dataclass(frozen=True)
@@ -49,13 +48,11 @@ def vectorized_operations(method) -> Mapping[str, str]:
 
 
 def vectorizable_model(model: nn.Module, device) -> bool:
-    """The rule of ``auto``: on CPU, every layer a Linear or a ReLU (or a container of them), no buffers."""
+    """The rule of ``auto``: on CPU, no buffers, the forward pass a chain of Linear and ReLU layers
+    (:func:`fedsim.methods.common.linear_chain.chain_of`)."""
     if torch.device(device).type != "cpu" or any(True for _ in model.buffers()):
         return False
-    return all(
-        isinstance(m, VECTORIZABLE_LAYERS) or (any(m.children()) and not any(True for _ in m.parameters(recurse=False)))
-        for m in model.modules()
-    )
+    return chain_of(model) is not None
 
 
 def use_vectorized(mode: str, method, operation: str, count: int) -> bool:
@@ -93,43 +90,36 @@ def padded_steps(schedules, offsets: list[int], batch_size: int) -> tuple[torch.
     return rows, mask
 
 
-def _batched_step(model: nn.Module, mu: float):
-    """Per-client losses and gradients of one padded batch each: ``vmap`` of the model's forward over the
-    stacked parameters, then one backward of the summed losses (client k's loss depends on its parameters
-    only, so each client gets its own gradient). Each loss is the mean cross-entropy over the client's real
-    rows, plus mu/2 ||w - anchor||^2 (FedProx)."""
-    forward = vmap(lambda params, xb: functional_call(model, params, (xb,)))
-
-    def step(params, anchors, xb, yb, weight):
-        live = {n: p.detach().requires_grad_(True) for n, p in params.items()}
-        logits = forward(live, xb)
-        per_row = nn.functional.cross_entropy(logits.flatten(0, 1), yb.flatten(), reduction="none").view(yb.shape)
-        losses = (per_row * weight).sum(1) / weight.sum(1).clamp(min=1.0)
-        if mu:
-            losses = losses + 0.5 * mu * sum(((live[n] - anchors[n]) ** 2).flatten(1).sum(1) for n in live)
-        grads = torch.autograd.grad(losses.sum(), list(live.values()))
-        return dict(zip(live, grads)), losses.detach()
-
-    return step
-
-
-def _sgd_step(params, buffers, grads, active, settings) -> None:
-    """``torch.optim.SGD``'s update (weight decay, momentum without dampening) on the active clients only."""
-    everyone = bool(active.all())
-    for name, p in params.items():
-        d_p = grads[name]
-        if settings.weight_decay != 0:
-            d_p = d_p.add(p, alpha=settings.weight_decay)
-        if everyone:  # in place: the common case, cheaper than a select
-            if settings.momentum != 0:
-                d_p = buffers[name].mul_(settings.momentum).add_(d_p)
-            p.add_(d_p, alpha=-settings.lr)
+def step_buckets(schedules, offsets: list[int]) -> list[list[tuple[Optional[torch.Tensor], torch.Tensor]]]:
+    """Per step, the clients that train grouped by their batch's length: (members, or None for every client in
+    order; rows into the concatenated data [members, length]). A client's rows and loss never include another's
+    padding, so its result does not depend on which clients share its call."""
+    flat = [[idx + offset for epoch in schedule for idx in epoch] for schedule, offset in zip(schedules, offsets)]
+    plan = []
+    for t in range(max((len(f) for f in flat), default=0)):
+        by_length: dict[int, list[int]] = {}
+        for k, batches in enumerate(flat):
+            if t < len(batches):
+                by_length.setdefault(len(batches[t]), []).append(k)
+        if len(by_length) == 1 and len(next(iter(by_length.values()))) == len(flat):
+            plan.append([(None, torch.stack([f[t] for f in flat]))])
             continue
-        keep = active.view(-1, *([1] * (p.dim() - 1)))
-        if settings.momentum != 0:
-            buffers[name] = torch.where(keep, buffers[name].mul(settings.momentum).add(d_p), buffers[name])
-            d_p = buffers[name]
-        params[name] = torch.where(keep, p.add(d_p, alpha=-settings.lr), p)
+        plan.append([(torch.tensor(ks), torch.stack([flat[k][t] for k in ks])) for ks in by_length.values()])
+    return plan
+
+
+def _train_bucket(chain, state: tuple, members, rows, data: tuple, settings, first: bool, mu: float) -> torch.Tensor:
+    """One step of the clients ``members`` (None: all) on their ``rows``; their losses. ``state`` is (params,
+    buffers, anchors), stacked over every client; a subset trains on copies written back after the step."""
+    (params, buffers, anchors), (x, y) = state, data
+    if members is None:
+        return chain_sgd_step(chain, params, buffers, x[rows], y[rows], settings, first, anchors, mu)
+    sub = [{n: t[members] for n, t in part.items()} for part in (params, buffers, anchors)]
+    losses = chain_sgd_step(chain, sub[0], sub[1], x[rows], y[rows], settings, first, sub[2], mu)
+    for part, copy in zip((params, buffers), sub):
+        for name, tensor in part.items():
+            tensor.index_copy_(0, members, copy[name])
+    return losses
 
 
 def last_epoch_means(schedules, losses: torch.Tensor) -> list[float]:
@@ -157,6 +147,9 @@ def train_clients(
     """
     if any(j.y is None for j in jobs):
         raise ValueError("train_clients needs labels: the target client's training inputs are unlabeled")
+    chain = chain_of(model)
+    if chain is None:
+        raise ValueError("train_clients trains a chain of Linear and ReLU layers; this model is not one")
     names = [name for name, _ in model.named_parameters()]
     params = {n: stacked_arrays([j.weights[n] for j in jobs], device) for n in names}
     buffers = {n: torch.zeros_like(p) for n, p in params.items()}
@@ -165,17 +158,17 @@ def train_clients(
     y = torch.from_numpy(np.concatenate([j.y for j in jobs])).to(device)
     offsets = np.concatenate([[0], np.cumsum([len(j.x) for j in jobs])[:-1]]).tolist()
     schedules = client_schedules(jobs, settings.local_epochs, settings.batch_size)
-    rows, mask = padded_steps(schedules, offsets, settings.batch_size)
-    rows, mask = rows.to(device), mask.to(device)
-    step = _batched_step(model, mu)
-    losses = []
-    for t in range(len(rows)):
-        grads, loss = step(params, anchors, x[rows[t]], y[rows[t]], mask[t])
-        _sgd_step(params, buffers, grads, mask[t].sum(1) > 0, settings)
-        losses.append(loss)
+    plan = step_buckets(schedules, offsets)
+    losses = torch.zeros(len(plan), len(jobs))
+    for t, buckets in enumerate(plan):
+        for members, rows in buckets:
+            values = _train_bucket(
+                chain, (params, buffers, anchors), members, rows.to(device), (x, y), settings, t == 0, mu
+            )
+            losses[t, slice(None) if members is None else members] = values.cpu()
     stacked = {n: params[n].detach().cpu().numpy().copy() for n in names}  # one copy per tensor, a view per client
     weights = [{n: stacked[n][k] for n in names} for k in range(len(jobs))]
-    return weights, last_epoch_means(schedules, torch.stack(losses) if losses else torch.zeros(0, len(jobs)))
+    return weights, last_epoch_means(schedules, losses)
 
 
 def in_groups(keys: Sequence, train) -> tuple[list, list]:
