@@ -18,9 +18,12 @@ def weighted_average(
     weights = weights / weights.sum()
     out = {}
     for name in tensor_sets[0]:
-        total = sum(w * np.asarray(ts[name], dtype=np.float64) for w, ts in zip(weights, tensor_sets))
-        dtype = np.asarray(tensor_sets[0][name]).dtype
-        out[name] = (np.rint(total) if np.issubdtype(dtype, np.integer) else total).astype(dtype)
+        first = np.asarray(tensor_sets[0][name])
+        total, term = np.zeros(first.shape), np.empty(first.shape)
+        for w, ts in zip(weights, tensor_sets):  # in place, in the clients' order: no temporaries per client
+            np.multiply(ts[name], w, out=term, dtype=np.float64)
+            total += term
+        out[name] = (np.rint(total) if np.issubdtype(first.dtype, np.integer) else total).astype(first.dtype)
     return out
 
 

@@ -115,7 +115,7 @@ def chain_sgd_step(
         for i in range(len(chain) - 1, -1, -1):
             layer, inputs = chain[i], acts[i]
             if layer.weight is None:
-                grad = grad.masked_fill_(acts[i + 1] <= 0, 0.0)
+                grad = torch.ops.aten.threshold_backward(grad, acts[i + 1], 0.0)  # autograd's ReLU backward
                 continue
             passed = torch.bmm(grad, params[layer.weight]) if i > 0 else None
             torch.baddbmm(buffers[layer.weight], grad.transpose(1, 2), inputs, beta=beta, out=buffers[layer.weight])
