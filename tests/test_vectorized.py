@@ -1,7 +1,7 @@
 """Batched local training (``resources.vectorize: auto``) gives each client the loop's result.
 
 Tolerance: weights within ``ATOL`` of the loop's after 3 epochs of SGD with momentum and weight decay (measured
-on CPU: at most 1e-7; batched matrix products sum in another order), whatever the grouping of clients.
+on CPU: at most 1.5e-7; batched matrix products sum in another order), whatever the grouping of clients.
 """
 
 import numpy as np
@@ -65,7 +65,7 @@ def test_batched_fit_gives_each_client_the_loops_weights(method, toy_overrides, 
     loop, federation = _fit(_config(toy_overrides, method, "off", extra))
     batched, _ = _fit(_config(toy_overrides, method, "auto", extra))
     sizes = {r.num_examples for r in loop.values()}
-    assert len(federation.source_ids) == 10 and len(sizes) > 2  # uneven clients: masked steps
+    assert len(federation.source_ids) == 10 and len(sizes) > 2  # uneven clients: steps grouped by batch length
     assert calls == [10]  # the 10 clients trained in one batched computation
     assert sorted(batched) == sorted(loop)
     for cid in loop:
