@@ -14,7 +14,8 @@ can amplify for a few clients as much as a 1-ulp change of their start would). M
 other modes split into 20 clients each: 100 clients per round, the ``mlp`` model) on the Ray backend with 2
 client actors, once with ``resources.vectorize=off`` and once with ``auto``, ``--repeats`` times interleaved,
 and prints the median of the runs' mean round (rounds 2 to ``--rounds``, evaluation apart) for each
-``--local-epochs`` value, the ratio, and whether both forms reached the same accuracy in every run.
+``--local-epochs`` value, the ratio of the medians, the range of the runs' own ratios (each batched run against the
+loop run beside it), and whether both forms reached the same accuracy in every run.
 
     python -m experiments.benchmarks.vectorized --tep [--rounds 8 --local-epochs 1 5] [--method fedmmd]
 
@@ -119,7 +120,8 @@ def main_tep(args: argparse.Namespace) -> None:
         f"{args.method} on TEP, 100 clients per round, Ray backend with 2 client actors, "
         f"medians of {args.repeats} runs, {machine()}"
     )
-    print(f"{'local epochs':>12s} {'loop s/round':>12s} {'batched s/round':>15s} {'ratio':>6s} {'same accuracy':>13s}")
+    header = f"{'local epochs':>12s} {'loop s/round':>12s} {'batched s/round':>15s} {'ratio':>6s} {'runs':>11s}"
+    print(header + f" {'same accuracy':>13s}")
     for epochs in args.local_epochs:
         runs = [
             (tep_rounds("off", args.rounds, epochs, args.method), tep_rounds("auto", args.rounds, epochs, args.method))
@@ -128,7 +130,11 @@ def main_tep(args: argparse.Namespace) -> None:
         loop_s = statistics.median(loop[0] for loop, _ in runs)
         batched_s = statistics.median(batched[0] for _, batched in runs)
         same = all(abs(loop[1] - batched[1]) < 1e-9 for loop, batched in runs)
-        print(f"{epochs:12d} {loop_s:12.4f} {batched_s:15.4f} {batched_s / loop_s:5.2f}x {str(same):>13s}")
+        ratios = [batched[0] / loop[0] for loop, batched in runs]  # each run's pair, for the spread
+        spread = f"{min(ratios):.2f}-{max(ratios):.2f}x"
+        print(
+            f"{epochs:12d} {loop_s:12.4f} {batched_s:15.4f} {batched_s / loop_s:5.2f}x {spread:>11s} {str(same):>13s}"
+        )
 
 
 def main() -> None:
