@@ -213,6 +213,8 @@ def record_all(cases: list[str]) -> dict:
 
 
 def _same(expected, actual, exact: bool) -> bool:
+    if isinstance(expected, bool) or isinstance(actual, bool):  # a flag is neither 1 nor 1.0
+        return type(expected) is type(actual) and expected == actual
     floats = any(isinstance(v, float) for v in (expected, actual))
     numbers = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (expected, actual))
     if exact or not (floats and numbers):
@@ -249,7 +251,7 @@ def main(argv=None) -> int:
     unknown = [c for c in cases if c not in CASES]
     if unknown:
         parser.exit(2, f"unknown case(s) {unknown}: choose from {', '.join(CASES)}\n")
-    results = record_all(cases)
+    results = json.loads(json.dumps(record_all(cases)))  # as the record holds them: lists, Python floats
     path = Path(args.file)
     if args.mode == "record":  # with --only, the other cases' records are kept
         kept = json.loads(path.read_text()) if args.only and path.exists() else {}

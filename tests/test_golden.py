@@ -42,9 +42,9 @@ def test_case_matches_the_record(case, tmp_path):
 
 
 def test_floats_match_within_the_cpus_rounding_and_nothing_else_moves():
-    recorded = {"loss": 0.5, "correct": 7, "accuracy": 0.75, "name": "fedavg", "digest": "a"}
+    recorded = {"loss": 0.5, "correct": 7, "accuracy": 0.75, "name": "fedavg", "evaluated": True, "digest": "a"}
     drifted = {**recorded, "loss": 0.5 * (1 + 2e-6), "digest": "b"}  # what another CPU's rounding gives
     assert differences(recorded, drifted) == []
     assert len(differences(recorded, drifted, exact=True)) == 2  # one machine: the same bits
-    for changed in ({"loss": 0.501}, {"correct": 8}, {"accuracy": 0.74}, {"name": "fedprox"}):
+    for changed in ({"loss": 0.501}, {"correct": 8}, {"accuracy": 0.74}, {"name": "fedprox"}, {"evaluated": 1.0}):
         assert len(differences(recorded, {**recorded, **changed})) == 1, changed

@@ -49,7 +49,9 @@ def test_only_a_chain_of_linear_and_relu_layers_is_taken():
         ChainLayer("head.weight", "head.bias"),
     ]
     assert chain_of(nn.Sequential(nn.Linear(4, 3, bias=False))) == [ChainLayer("0.weight", None)]
-    for other in (Residual(), Reused(), Unused(), nn.Sequential(nn.Linear(4, 3), nn.Tanh(), nn.Linear(3, 2))):
+    others = (Residual(), Reused(), Unused(), nn.Sequential(nn.Linear(4, 3), nn.Tanh(), nn.Linear(3, 2)))
+    others += (nn.Sequential(nn.Flatten(), nn.Linear(4, 3)), nn.Sequential(nn.Linear(4, 3), nn.Dropout(0.0)))
+    for other in others:  # a leaf that is neither a Linear nor a ReLU is refused even where it changes nothing
         assert chain_of(other) is None, type(other).__name__
 
 

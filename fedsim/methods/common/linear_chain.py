@@ -46,11 +46,12 @@ def _called_layers(model: nn.Module, probe: torch.Tensor) -> tuple[list[nn.Modul
 
 @torch.no_grad()
 def chain_of(model: nn.Module) -> Optional[list[ChainLayer]]:
-    """The model's layers as a chain, or None when its forward pass is not one: checked on a probe batch, the
-    composition of the called layers must give the model's output bit for bit, each Linear called once and every
-    parameter a Linear's."""
-    linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
-    if not linears:
+    """The model's layers as a chain, or None when its forward pass is not one: every leaf module a Linear or a
+    ReLU, and on a probe batch the composition of the called layers must give the model's output bit for bit, each
+    Linear called once and every parameter a Linear's."""
+    leaves = [m for m in model.modules() if not any(m.children())]
+    linears = [m for m in leaves if isinstance(m, nn.Linear)]
+    if not linears or not all(isinstance(m, CHAIN_LAYERS) for m in leaves):  # no Flatten, Dropout, norms, ...
         return None
     probe = torch.randn(3, linears[0].in_features, generator=torch.Generator().manual_seed(0))
     try:
@@ -58,7 +59,7 @@ def chain_of(model: nn.Module) -> Optional[list[ChainLayer]]:
         composed = probe
         for layer in order:
             composed = layer(composed)
-    except RuntimeError:  # the first Linear is not the input's layer
+    except (RuntimeError, ValueError, TypeError, IndexError):  # not a forward a flat feature batch can take
         return None
     called = [m for m in order if isinstance(m, nn.Linear)]
     names = {id(p): n for n, p in model.named_parameters()}
