@@ -12,7 +12,6 @@ and the actor that replaces it carries on.
 
 from __future__ import annotations
 
-import gc
 import logging
 import os
 
@@ -63,7 +62,6 @@ class ClientActor:
         torch.set_num_threads(threads_for(config.resources.cpus_per_client))
         self.host = ClientHost(config, federation, client_ids, device=device)
         self._built: set[int] = set()  # clients whose data this actor has built (for the hook's "data" phase)
-        self._settled = -1  # the built-client count at the last gc.freeze (-1: none yet)
 
     def ready(self) -> list[int]:
         return self.host.client_ids
@@ -92,21 +90,9 @@ class ClientActor:
                 self._hook(client_id, operation)
             items.append((client_id, Instruction(operation, payloads[payload_index], config)))
         replies = self.host.execute_batch(items)  # one call: the host may train these clients batched
-        if self.host.built_clients != self._settled:
-            self._settle_heap()
         worked = {item[0] for item in batch}
         states = {cid: st for cid, st in self.host.export_states().items() if cid in worked}
         return replies, states
-
-    def _settle_heap(self) -> None:
-        """After a call that built clients' data: one full collection, then every surviving object (torch, the
-        method, the data) frozen out of later collections (``gc.freeze``), so that a collection during a round scans
-        what the round allocated, not the whole heap. Without it, a full collection fell into the serialization of
-        a batched round's replies: 20 ms from the actor's return to the server seeing its replies, against 7.5 ms
-        with the heap frozen (TEP, 50 clients per actor; docs/performance.md)."""
-        gc.collect()
-        gc.freeze()
-        self._settled = self.host.built_clients
 
     def _hook(self, client_id: int, operation: str) -> None:
         """The test hook's phases of one operation: the client's first data build, then the operation's own."""

@@ -9,7 +9,6 @@ death ends the run with one line (:class:`ServerDied`); ``fedsim run --resume`` 
 from __future__ import annotations
 
 import contextlib
-import gc
 import logging
 
 import ray
@@ -32,8 +31,6 @@ def _start(server: Server, handoff: bool) -> list:
     state = server.executor.start(handoff)
     if handoff:
         server.state = state
-    gc.collect()  # what the start left is the run's long-lived heap: frozen out of the rounds' collections
-    gc.freeze()  # (as in each client actor: actors.client.ClientActor._settle_heap)
     return list(server.executor.actors)
 
 

@@ -59,11 +59,6 @@ class ClientHost:
             domain = federation.info(cid).domain
             self._unbuilt[domain] = self._unbuilt.get(domain, 0) + 1
 
-    @property
-    def built_clients(self) -> int:
-        """How many hosted clients have built their data so far."""
-        return len(self._data)
-
     def _client(self, client_id: int):
         if client_id not in self.client_ids:
             raise KeyError(f"client {client_id} is not hosted here (hosts {self.client_ids})")
