@@ -216,7 +216,7 @@ def _same(expected, actual, exact: bool) -> bool:
     if isinstance(expected, bool) or isinstance(actual, bool):  # a flag is neither 1 nor 1.0
         return type(expected) is type(actual) and expected == actual
     floats = any(isinstance(v, float) for v in (expected, actual))
-    numbers = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (expected, actual))
+    numbers = all(isinstance(v, (int, float)) for v in (expected, actual))
     if exact or not (floats and numbers):
         return expected == actual
     return math.isclose(expected, actual, rel_tol=RTOL, abs_tol=ATOL)

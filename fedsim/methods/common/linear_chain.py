@@ -90,6 +90,7 @@ def _forward(chain: list[ChainLayer], params: Mapping[str, torch.Tensor], xb: to
     return acts
 
 
+@torch.no_grad()
 def chain_sgd_step(
     chain: list[ChainLayer],
     params: dict,
@@ -104,29 +105,28 @@ def chain_sgd_step(
     """One step for every client of the batch (``xb`` [K, B, d], ``yb`` [K, B], all rows real): the clients'
     losses [K] (mean cross-entropy, plus mu/2 ||w - anchor||^2 for FedProx), ``params`` and ``buffers`` (momentum,
     one per parameter) updated in place. ``first``: the clients' first step (the buffer becomes the gradient)."""
-    with torch.no_grad():
-        acts = _forward(chain, params, xb)
-        logp = torch.log_softmax(acts[-1], 2)
-        picked = yb.unsqueeze(2)
-        losses = -logp.gather(2, picked).squeeze(2).mean(1)
+    acts = _forward(chain, params, xb)
+    logp = torch.log_softmax(acts[-1], 2)
+    picked = yb.unsqueeze(2)
+    losses = -logp.gather(2, picked).squeeze(2).mean(1)
+    if mu:
+        losses += 0.5 * mu * sum(((params[n] - anchors[n]) ** 2).flatten(1).sum(1) for n in params)
+    grad = logp.exp_().scatter_add_(2, picked, torch.full_like(picked, -1.0, dtype=logp.dtype)).div_(yb.shape[1])
+    beta = 0.0 if first or settings.momentum == 0 else settings.momentum
+    for i in range(len(chain) - 1, -1, -1):
+        layer, inputs = chain[i], acts[i]
+        if layer.weight is None:
+            grad = torch.ops.aten.threshold_backward(grad, acts[i + 1], 0.0)  # autograd's ReLU backward
+            continue
+        passed = torch.bmm(grad, params[layer.weight]) if i > 0 else None
+        torch.baddbmm(buffers[layer.weight], grad.transpose(1, 2), inputs, beta=beta, out=buffers[layer.weight])
+        if layer.bias is not None:
+            buffers[layer.bias].mul_(beta).add_(grad.sum(1))
+        grad = passed
+    for name, p in params.items():
         if mu:
-            losses += 0.5 * mu * sum(((params[n] - anchors[n]) ** 2).flatten(1).sum(1) for n in params)
-        grad = logp.exp_().scatter_add_(2, picked, torch.full_like(picked, -1.0, dtype=logp.dtype)).div_(yb.shape[1])
-        beta = 0.0 if first or settings.momentum == 0 else settings.momentum
-        for i in range(len(chain) - 1, -1, -1):
-            layer, inputs = chain[i], acts[i]
-            if layer.weight is None:
-                grad = torch.ops.aten.threshold_backward(grad, acts[i + 1], 0.0)  # autograd's ReLU backward
-                continue
-            passed = torch.bmm(grad, params[layer.weight]) if i > 0 else None
-            torch.baddbmm(buffers[layer.weight], grad.transpose(1, 2), inputs, beta=beta, out=buffers[layer.weight])
-            if layer.bias is not None:
-                buffers[layer.bias].mul_(beta).add_(grad.sum(1))
-            grad = passed
-        for name, p in params.items():
-            if mu:
-                buffers[name].add_(p - anchors[name], alpha=mu)
-            if settings.weight_decay:
-                buffers[name].add_(p, alpha=settings.weight_decay)
-            p.add_(buffers[name], alpha=-settings.lr)
+            buffers[name].add_(p - anchors[name], alpha=mu)
+        if settings.weight_decay:
+            buffers[name].add_(p, alpha=settings.weight_decay)
+        p.add_(buffers[name], alpha=-settings.lr)
     return losses

@@ -76,9 +76,14 @@ def client_schedules(jobs: Sequence[ClientJob], epochs: int, batch_size: int) ->
     return out
 
 
+def flat_batches(schedules) -> list[list[torch.Tensor]]:
+    """Each client's index batches over all its epochs, in the order it trains them."""
+    return [[idx for epoch in schedule for idx in epoch] for schedule in schedules]
+
+
 def padded_steps(schedules, offsets: list[int], batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Rows into the clients' concatenated data [steps, clients, batch_size] and their weights (1 or 0)."""
-    flat = [[idx for epoch in schedule for idx in epoch] for schedule in schedules]
+    flat = flat_batches(schedules)
     steps = max((len(f) for f in flat), default=0)
     rows = torch.tensor(offsets, dtype=torch.long).view(1, -1, 1).repeat(steps, 1, batch_size)
     mask = torch.zeros(steps, len(flat), batch_size)  # padding points at a real row of the client; its weight is 0
@@ -94,7 +99,7 @@ def step_buckets(schedules, offsets: list[int]) -> list[list[tuple[Optional[torc
     """Per step, the clients that train grouped by their batch's length: (members, or None for every client in
     order; rows into the concatenated data [members, length]). A client's rows and loss never include another's
     padding, so its result does not depend on which clients share its call."""
-    flat = [[idx + offset for epoch in schedule for idx in epoch] for schedule, offset in zip(schedules, offsets)]
+    flat = [[idx + offset for idx in batches] for batches, offset in zip(flat_batches(schedules), offsets)]
     plan = []
     for t in range(max((len(f) for f in flat), default=0)):
         by_length: dict[int, list[int]] = {}

@@ -25,6 +25,7 @@ from fedsim.methods.common.alignment import steps_per_epoch
 from fedsim.methods.common.vectorized import (
     ClientJob,
     client_schedules,
+    flat_batches,
     in_groups,
     last_epoch_means,
     padded_steps,
@@ -73,7 +74,7 @@ def masked_mmd2(pooled: torch.Tensor, real: torch.Tensor, half: int, bandwidths,
 def _target_rows(jobs: Sequence[AlignmentJob], schedules, target_count: int, batch_size: int) -> torch.Tensor:
     """Rows of the target features per step and client [steps, clients, batch_size], drawn as the loop draws them:
     one ``randperm`` per trained batch from the client's target generator, as many rows as the batch (0: padding)."""
-    flat = [[idx for epoch in schedule for idx in epoch] for schedule in schedules]
+    flat = flat_batches(schedules)
     rows = torch.zeros(max((len(f) for f in flat), default=0), len(jobs), batch_size, dtype=torch.long)
     for k, (job, batches) in enumerate(zip(jobs, flat)):
         generator = torch.Generator().manual_seed(job.target_seed)
