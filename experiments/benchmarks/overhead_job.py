@@ -67,7 +67,9 @@ def plain_model(config, federation):
     from fedsim.registry import MODELS
 
     factory = MODELS.get(config.model.name)
-    return factory(input_shape=tuple(federation.input_shape), num_classes=federation.num_classes, hidden=config.model.hidden)
+    return factory(
+        input_shape=tuple(federation.input_shape), num_classes=federation.num_classes, hidden=config.model.hidden
+    )
 
 
 def floor(config) -> tuple[float, float, dict]:
@@ -86,8 +88,6 @@ def floor(config) -> tuple[float, float, dict]:
     importlib.import_module("torch._dynamo")  # the first optimizer step imports it (~1 s): an import, not round time
     torch.manual_seed(derive_seed(SEED, "model-init"))
     model = plain_model(config, federation)
-        input_shape=tuple(federation.input_shape), num_classes=federation.num_classes, hidden=config.model.hidden
-    )
     global_weights = {k: v.detach().clone() for k, v in model.state_dict().items()}
     loss_fn = torch.nn.CrossEntropyLoss()
     stamps = []
