@@ -61,24 +61,13 @@ def job_overrides(root: str, cache: str, backend: str, address: str = "") -> lis
     ]
 
 
-def plain_model(config, federation):
-    """The registered model as its factory builds it, with torch's ``nn.MaxPool2d``: plain torch, not the
-    pooling :func:`fedsim.models.build_model` puts in (:mod:`fedsim.models.pooling`, the same bits)."""
-    from fedsim.registry import MODELS
-
-    factory = MODELS.get(config.model.name)
-    return factory(
-        input_shape=tuple(federation.input_shape), num_classes=federation.num_classes, hidden=config.model.hidden
-    )
-
-
 def floor(config) -> tuple[float, float, dict]:
     """The same computation as fedsim's FedAvg, written as a bare torch loop: the seconds of its rounds and
-    final evaluation, the target accuracy, and a detail dict (both accuracies, each round's training seconds).
-    Its model is :func:`plain_model`."""
+    final evaluation, the target accuracy, and a detail dict (both accuracies, each round's training seconds)."""
     import torch
 
     from fedsim.data.scenario import build_federation, load_client_data
+    from fedsim.models import build_model
     from fedsim.seeding import derive_seed
 
     federation = build_federation(config.data)
@@ -87,7 +76,7 @@ def floor(config) -> tuple[float, float, dict]:
     torch.set_num_threads(1)
     importlib.import_module("torch._dynamo")  # the first optimizer step imports it (~1 s): an import, not round time
     torch.manual_seed(derive_seed(SEED, "model-init"))
-    model = plain_model(config, federation)
+    model = build_model(config.model, federation.input_shape, federation.num_classes)
     global_weights = {k: v.detach().clone() for k, v in model.state_dict().items()}
     loss_fn = torch.nn.CrossEntropyLoss()
     stamps = []

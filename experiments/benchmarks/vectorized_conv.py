@@ -1,6 +1,5 @@
-"""K LeNet-5 clients' local SGD four ways on CPU: the loop, the loop with fedsim's 2x2 max pooling
-(:mod:`fedsim.models.pooling`, the same bits), ``vmap`` over stacked parameters (a grouped convolution
-underneath), and im2col + batched matmul (``unfold`` then ``baddbmm`` per convolution).
+"""K LeNet-5 clients' local SGD three ways on CPU: the loop, ``vmap`` over stacked parameters (a grouped
+convolution underneath), and im2col + batched matmul (``unfold`` then ``baddbmm`` per convolution).
 
 Each client runs ``--steps`` SGD steps (momentum 0.9) at batch 32 on random 28x28 images, one torch thread by
 default. The two batched forms hold every client's parameters in one tensor per layer and take one backward pass
@@ -14,7 +13,6 @@ the measurement behind the rule of ``resources.vectorize: auto`` that convolutio
 from __future__ import annotations
 
 import argparse
-import copy
 import statistics
 import time
 
@@ -23,7 +21,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from experiments.benchmarks.measure import machine
-from fedsim.models.pooling import use_pair_pooling
 
 
 def lenet() -> nn.Sequential:
@@ -114,10 +111,8 @@ def main() -> None:
     models = [lenet() for _ in range(args.clients)]
     xs = torch.randn(args.clients, args.steps, 32, 1, 28, 28)
     ys = torch.randint(0, 10, (args.clients, args.steps, 32))
-    paired = [use_pair_pooling(copy.deepcopy(model)) for model in models]
     forms = {
         "loop (one client after the other)": lambda: run_loop(models, xs, ys),
-        "loop, fedsim's 2x2 max pooling": lambda: run_loop(paired, xs, ys),
         "vmap form (grouped convolution)": lambda: run_batched(models, xs, ys, conv_grouped),
         "im2col + batched matmul": lambda: run_batched(models, xs, ys, conv_unfold),
     }

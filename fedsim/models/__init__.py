@@ -3,15 +3,13 @@
 ``build_model(model_config, input_shape, num_classes)`` picks a registered
 model; ``"auto"`` chooses ``cnn`` for C x H x W inputs and ``mlp`` for vectors. Model
 files are imported on demand by the registry (the detector, which needs
-torchvision, only by the detection methods). Every built model's plain 2x2 max
-pooling runs as :class:`fedsim.models.pooling.PairMaxPool2d`: the same bits, faster on CPU.
+torchvision, only by the detection methods).
 """
 
 from __future__ import annotations
 
 from fedsim.errors import UserError
 from fedsim.models.classifier import Classifier
-from fedsim.models.pooling import use_pair_pooling
 from fedsim.registry import MODELS
 
 
@@ -27,9 +25,7 @@ def build_model(model_config, input_shape: tuple[int, ...], num_classes: int) ->
                 f"no model for inputs of shape {tuple(input_shape)}: give N x D features or N x C x H x W images"
             )
     factory = MODELS.get(name)
-    return use_pair_pooling(
-        factory(input_shape=tuple(input_shape), num_classes=num_classes, hidden=model_config.hidden)
-    )
+    return factory(input_shape=tuple(input_shape), num_classes=num_classes, hidden=model_config.hidden)
 
 
 __all__ = ["Classifier", "build_model"]
