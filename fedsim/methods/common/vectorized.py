@@ -167,11 +167,11 @@ def train_clients(
     losses = torch.zeros(len(plan), len(jobs))
     for t, buckets in enumerate(plan):
         for members, rows in buckets:
-            members = None if members is None else members.to(device)
+            on_device = None if members is None else members.to(device)
             values = _train_bucket(
-                chain, (params, buffers, anchors), members, rows.to(device), (x, y), settings, t == 0, mu
+                chain, (params, buffers, anchors), on_device, rows.to(device), (x, y), settings, t == 0, mu
             )
-            losses[t, slice(None) if members is None else members.cpu()] = values.cpu()
+            losses[t, slice(None) if members is None else members] = values.cpu()
     stacked = {n: params[n].detach().cpu().numpy().copy() for n in names}  # one copy per tensor, a view per client
     weights = [{n: stacked[n][k] for n in names} for k in range(len(jobs))]
     return weights, last_epoch_means(schedules, losses)
