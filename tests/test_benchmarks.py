@@ -116,3 +116,15 @@ def test_feddadil_ot_reports_the_ot_share(toy_root, tmp_path):
     total = re.search(r"dictionary rounds without evaluation: " + NUMBER + " % of the time inside OT calls", out)
     assert total and 0 < float(total.group(1)) <= 100, out
     assert any(r[1] == "dictionary" and int(r[4]) > 0 for r in rows)  # the dictionary rounds do solve OT problems
+
+
+def test_layout_prints_both_layouts_of_every_image_model_and_their_agreement():
+    out = _run("experiments.benchmarks.layout", "--steps", "2", "--repeats", "1")
+    for model in ("lenet5, 1x28x28", "cnn, 1x28x28", "cnn, 3x32x32"):
+        row = r"\s+".join([NUMBER] * 2 + [NUMBER + "x"] + [NUMBER] * 2 + [NUMBER + "x"]) + r"\s+(\S+)"
+        match = re.search("^" + re.escape(model) + r"\s+" + row + r"\s*$", out, re.M)
+        assert match, (model, out)
+        train, train_cl, ratio, ev, ev_cl, ev_ratio, difference = (float(v) for v in match.groups())
+        assert min(train, train_cl, ev, ev_cl) > 0
+        assert abs(ratio - train_cl / train) < 0.02 and abs(ev_ratio - ev_cl / ev) < 0.02
+        assert difference < 1e-4  # the same computation, rounded in another order

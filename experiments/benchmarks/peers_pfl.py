@@ -9,9 +9,11 @@ every client in every round (``MinimizeReuseUserSampler`` over 10 users, cohort 
 (lr 0.05, momentum 0.9, batch 32, a fresh optimizer each round), the average weighted by data points and applied
 with a central SGD at lr 1 (plain FedAvg), one torch thread per worker. Evaluation once, after training and
 outside the timed rounds. Rank 0 prints one ``PEER-RESULT {json}`` line: the seconds of each round and the
-target accuracy.
+target accuracy. A second argument ``channels-last`` holds the LeNet's convolution weights channels-last, the
+layout fedsim's ``build_model`` gives models of images; without it the model keeps torch's default layout, as a
+pfl user's model does.
 
-    python experiments/benchmarks/peers_pfl.py clients.npz
+    python experiments/benchmarks/peers_pfl.py clients.npz [channels-last]
     python -m torch.distributed.run --standalone --nproc_per_node 2 experiments/benchmarks/peers_pfl.py clients.npz
 """
 
@@ -36,7 +38,7 @@ class PflLeNet(nn.Module):
     FedAvg starts from (``torch.manual_seed(derive_seed(seed, "model-init"))``), with the ``loss`` and ``metrics``
     that pfl asks of a model."""
 
-    def __init__(self, num_classes: int = 10, seed: int = 0):
+    def __init__(self, num_classes: int = 10, seed: int = 0, channels_last: bool = False):
         super().__init__()
         sys.path.insert(0, REPO)  # fedsim's models and seeding import nothing but numpy and torch
         from fedsim.models.lenet5 import lenet5
@@ -44,6 +46,8 @@ class PflLeNet(nn.Module):
 
         torch.manual_seed(derive_seed(seed, "model-init"))
         self.net = lenet5((1, 28, 28), num_classes)
+        if channels_last:
+            self.net.to(memory_format=torch.channels_last)
 
     def forward(self, x):
         return self.net(x)
@@ -62,7 +66,7 @@ class PflLeNet(nn.Module):
         return {"loss": Weighted(loss, len(y)), "accuracy": Weighted(correct, len(y))}
 
 
-def run(path: str) -> dict:
+def run(path: str, channels_last: bool = False) -> dict:
     from pfl.aggregate.simulate import SimulatedBackend
     from pfl.aggregate.weighting import WeightByDatapoints
     from pfl.algorithm import FederatedAveraging, NNAlgorithmParams
@@ -82,7 +86,7 @@ def run(path: str) -> dict:
         lambda u: Dataset(data[u], user_id=u), MinimizeReuseUserSampler(users), {u: len(data[u][1]) for u in users}
     )
     np.random.seed(0)  # pfl's samplers draw from numpy's global generator
-    module = PflLeNet()
+    module = PflLeNet(channels_last=channels_last)
     model = PyTorchModel(
         model=module,
         local_optimizer_create=functools.partial(torch.optim.SGD, momentum=0.9),
@@ -120,6 +124,6 @@ def run(path: str) -> dict:
 
 
 if __name__ == "__main__":
-    result = run(sys.argv[1])
+    result = run(sys.argv[1], channels_last=sys.argv[2:] == ["channels-last"])
     if int(os.environ.get("RANK", "0")) == 0:
         print("PEER-RESULT " + json.dumps(result), flush=True)

@@ -1,11 +1,13 @@
-"""K LeNet-5 clients' local SGD three ways on CPU: the loop, ``vmap`` over stacked parameters (a grouped
-convolution underneath), and im2col + batched matmul (``unfold`` then ``baddbmm`` per convolution).
+"""K LeNet-5 clients' local SGD four ways on CPU: the loop in torch's default layout, the loop with the
+convolution weights channels-last (as :func:`fedsim.models.build_model` holds them), ``vmap`` over stacked
+parameters (a grouped convolution underneath), and im2col + batched matmul (``unfold`` then ``baddbmm`` per
+convolution).
 
 Each client runs ``--steps`` SGD steps (momentum 0.9) at batch 32 on random 28x28 images, one torch thread by
 default. The two batched forms hold every client's parameters in one tensor per layer and take one backward pass
 for all clients. Prints the median seconds of ``--repeats`` runs of each form and its ratio to the loop. This is
-the measurement behind the rule of ``resources.vectorize: auto`` that convolutional models keep the loop on CPU
-(docs/performance.md).
+the measurement behind the rule of ``resources.vectorize: auto`` that convolutional models keep the loop on CPU,
+and behind their channels-last layout (docs/performance.md).
 
     python -m experiments.benchmarks.vectorized_conv [--clients 10 --steps 16 --threads 1 --repeats 3]
 """
@@ -13,6 +15,7 @@ the measurement behind the rule of ``resources.vectorize: auto`` that convolutio
 from __future__ import annotations
 
 import argparse
+import copy
 import statistics
 import time
 
@@ -111,8 +114,10 @@ def main() -> None:
     models = [lenet() for _ in range(args.clients)]
     xs = torch.randn(args.clients, args.steps, 32, 1, 28, 28)
     ys = torch.randint(0, 10, (args.clients, args.steps, 32))
+    channels_last = [copy.deepcopy(model).to(memory_format=torch.channels_last) for model in models]
     forms = {
         "loop (one client after the other)": lambda: run_loop(models, xs, ys),
+        "loop, channels-last weights": lambda: run_loop(channels_last, xs, ys),
         "vmap form (grouped convolution)": lambda: run_batched(models, xs, ys, conv_grouped),
         "im2col + batched matmul": lambda: run_batched(models, xs, ys, conv_unfold),
     }

@@ -126,12 +126,12 @@ def run_fedsim(root: str, sample: bool, backend: str, extra: list[str], cluster:
     return {"whole_s": seconds, "pss": pss, "rounds": [r["round_seconds"] for r in rows], "accuracy": accuracy}
 
 
-def run_pfl(peer_python: str, clients: str, workers: int, sample: bool) -> dict:
+def run_pfl(peer_python: str, clients: str, workers: int, sample: bool, layout: tuple[str, ...] = ()) -> dict:
     script = os.path.join(HERE, "peers_pfl.py")
     launcher = [peer_python] if workers == 1 else [peer_python, "-m", "torch.distributed.run", "--standalone"]
     workers_flag = [] if workers == 1 else ["--nproc_per_node", str(workers)]
     env = os.environ | {"OMP_NUM_THREADS": "1"}
-    seconds, pss, stdout = measured(launcher + workers_flag + [script, clients], env=env, sample=sample)
+    seconds, pss, stdout = measured(launcher + workers_flag + [script, clients, *layout], env=env, sample=sample)
     result = tagged(stdout)
     return {"whole_s": seconds, "pss": pss, "rounds": result["round_seconds"], "accuracy": result["accuracy"]}
 
@@ -158,6 +158,9 @@ def ways(args: argparse.Namespace, cluster) -> dict:
         table["pfl-research, 2 torchrun workers"] = lambda root, clients, sample: run_pfl(
             args.peer_python, clients, 2, sample
         )
+        table["pfl-research, 2 workers, channels-last"] = lambda root, clients, sample: run_pfl(
+            args.peer_python, clients, 2, sample, ("channels-last",)
+        )
     else:
         print(f"pfl-research left out: {args.peer_python} cannot import pfl (pip install 'pfl[pytorch]')")
     return table
@@ -171,13 +174,13 @@ def report(results: dict[str, list[dict]], pss: dict[str, int]) -> None:
     later = lambda r: sum(r["rounds"][1:])  # noqa: E731
     base_whole, base_later = med(floor, lambda r: r["whole_s"]), med(floor, later)
     print(
-        f"{'way':34s} {'whole s':>8s} {'/floor':>7s} {'round 1 s':>9s} {'rounds 2-5 s':>12s} {'/floor':>7s} "
+        f"{'way':40s} {'whole s':>8s} {'/floor':>7s} {'round 1 s':>9s} {'rounds 2-5 s':>12s} {'/floor':>7s} "
         f"{'PSS MiB':>8s} {'target acc':>10s}"
     )
     for label in results:
         whole, rest = med(label, lambda r: r["whole_s"]), med(label, later)
         print(
-            f"{label:34s} {whole:8.2f} {whole / base_whole:6.2f}x {med(label, lambda r: r['rounds'][0]):9.2f} "
+            f"{label:40s} {whole:8.2f} {whole / base_whole:6.2f}x {med(label, lambda r: r['rounds'][0]):9.2f} "
             f"{rest:12.2f} {rest / base_later:6.2f}x {pss[label] / 2**20:8.0f} "
             f"{med(label, lambda r: r['accuracy']):10.4f}"
         )

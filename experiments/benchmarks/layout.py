@@ -1,0 +1,98 @@
+"""fedsim's image models in torch's default layout and channels-last, the layout :func:`fedsim.models.build_model`
+gives them: one client's local epoch and one evaluation pass each way, on CPU.
+
+For each model (``lenet5`` on 1x28x28, ``cnn`` on 1x28x28 and on 3x32x32, 10 classes): a local epoch of
+``--steps`` SGD steps (momentum 0.9) at batch 32 through fedsim's own loop (``train_epochs``) from the same initial
+weights, and the forward pass of one 512-row evaluation chunk. Prints the median milliseconds of ``--repeats``
+runs of each (the two layouts in turn), their ratio, and the largest difference between the two layouts' weights
+after the epoch.
+
+    python -m experiments.benchmarks.layout [--steps 16 --threads 1 --repeats 11]
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import statistics
+import time
+from types import SimpleNamespace
+
+import numpy as np
+import torch
+
+from experiments.benchmarks.measure import machine
+from fedsim.data.base import ArraySplit
+from fedsim.methods.common.sgd import SGD
+from fedsim.methods.common.training import CHUNK, train_epochs
+from fedsim.models import build_model
+
+CASES = {
+    "lenet5, 1x28x28": ("lenet5", (1, 28, 28)),
+    "cnn, 1x28x28": ("cnn", (1, 28, 28)),
+    "cnn, 3x32x32": ("cnn", (3, 32, 32)),
+}
+
+
+def interleaved_ms(functions: list, repeats: int) -> list[float]:
+    """The median milliseconds of each function, run in turn ``repeats`` times (drift and warm-up hit all alike)."""
+    for function in functions:
+        function()  # warm-up: allocator, oneDNN's primitive cache
+    times: list[list[float]] = [[] for _ in functions]
+    for _ in range(repeats):
+        for function, series in zip(functions, times):
+            started = time.perf_counter()
+            function()
+            series.append(time.perf_counter() - started)
+    return [1000 * statistics.median(series) for series in times]
+
+
+def epoch(model, split: ArraySplit):
+    trained = copy.deepcopy(model)
+    optimizer = SGD(trained.parameters(), lr=0.05, momentum=0.9)
+    train_epochs(trained, split, 1, 32, optimizer, seed=0, device=torch.device("cpu"))
+    return trained
+
+
+def compare(name: str, shape: tuple[int, ...], steps: int, repeats: int) -> list[float]:
+    """[epoch ms default, epoch ms channels-last, eval ms default, eval ms channels-last, weight difference]."""
+    torch.manual_seed(0)
+    fast = build_model(SimpleNamespace(name=name, hidden=84 if name == "lenet5" else 128), shape, 10)
+    plain = copy.deepcopy(fast).to(memory_format=torch.contiguous_format)
+    rng = np.random.default_rng(0)
+    split = ArraySplit(rng.standard_normal((32 * steps, *shape), dtype=np.float32), rng.integers(0, 10, 32 * steps))
+    chunk = torch.from_numpy(rng.standard_normal((CHUNK, *shape), dtype=np.float32))
+    figures = interleaved_ms([lambda m=m: epoch(m, split) for m in (plain, fast)], repeats)
+    with torch.no_grad():
+        plain.eval(), fast.eval()
+        figures += interleaved_ms([lambda m=m: m(chunk) for m in (plain, fast)], repeats)
+    a, b = epoch(plain, split), epoch(fast, split)  # train_epochs puts the copies back in training mode
+    figures.append(max(float((p - q).detach().abs().max()) for p, q in zip(a.parameters(), b.parameters())))
+    return figures
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=16, help="SGD steps per epoch (16: 500 images at batch 32)")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--repeats", type=int, default=11)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    print(
+        f"one client's epoch ({args.steps} steps at batch 32) and a {CHUNK}-row evaluation pass, "
+        f"{args.threads} thread(s), {machine()}"
+    )
+    print(
+        f"{'model':18s} {'epoch ms':>9s} {'channels-last':>13s} {'ratio':>6s} {'eval ms':>8s} "
+        f"{'channels-last':>13s} {'ratio':>6s} {'max |dw|':>9s}"
+    )
+    for label, (name, shape) in CASES.items():
+        train, train_cl, ev, ev_cl, diff = compare(name, shape, args.steps, args.repeats)
+        print(
+            f"{label:18s} {train:9.1f} {train_cl:13.1f} {train_cl / train:5.2f}x {ev:8.1f} {ev_cl:13.1f} "
+            f"{ev_cl / ev:5.2f}x {diff:9.1e}"
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,66 @@
+"""Models of images train in the channels-last layout and compute what torch's default layout computes; their
+weights leave and enter a model in the default (C-ordered) layout."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+from fedsim.methods.common.training import load_numpy, model_to_numpy
+from fedsim.models import build_model
+
+
+def model(name: str, shape: tuple[int, ...], seed: int = 0):
+    torch.manual_seed(seed)
+    return build_model(SimpleNamespace(name=name, hidden=16), shape, 10)
+
+
+@pytest.mark.parametrize("name", ["lenet5", "cnn"])
+def test_image_models_hold_convolutions_channels_last(name):
+    net = model(name, (1, 28, 28))
+    convs = [m.weight for m in net.modules() if isinstance(m, torch.nn.Conv2d)]
+    assert len(convs) == 2
+    assert all(w.is_contiguous(memory_format=torch.channels_last) for w in convs)
+    assert not convs[1].is_contiguous()  # the first one, with one input channel, is both layouts at once
+
+
+def test_feature_models_keep_the_default_layout():
+    net = model("mlp", (8,))
+    assert all(p.is_contiguous() for p in net.parameters())
+
+
+@pytest.mark.parametrize("name, shape", [("lenet5", (1, 28, 28)), ("cnn", (3, 16, 16))])
+def test_channels_last_trains_as_the_default_layout_does(name, shape):
+    fast = model(name, shape)
+    plain = model(name, shape).to(memory_format=torch.contiguous_format)  # the same weights, torch's layout
+    second = [m.weight for m in plain.modules() if isinstance(m, torch.nn.Conv2d)][1]
+    assert second.is_contiguous() and not second.is_contiguous(memory_format=torch.channels_last)
+    generator = torch.Generator().manual_seed(3)
+    x, y = torch.randn(4, 16, *shape, generator=generator), torch.randint(0, 10, (4, 16), generator=generator)
+    for net in (fast, plain):
+        optimizer = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9)
+        for step in range(4):
+            optimizer.zero_grad()
+            torch.nn.functional.cross_entropy(net(x[step]), y[step]).backward()
+            optimizer.step()
+    for (key, a), b in zip(fast.state_dict().items(), plain.state_dict().values()):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5, msg=key)
+    fast.eval(), plain.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(fast(x[0]), plain(x[0]), rtol=1e-4, atol=1e-5)
+
+
+def test_weights_travel_in_c_order_and_load_back_channels_last():
+    net = model("cnn", (3, 16, 16))
+    arrays = model_to_numpy(net)
+    weight = arrays["encoder.0.weight"]
+    assert weight.flags["C_CONTIGUOUS"] and weight.shape == (16, 3, 5, 5)
+    np.testing.assert_array_equal(weight, net.encoder[0].weight.detach().contiguous().numpy())
+    other = model("cnn", (3, 16, 16), seed=5)
+    load_numpy(other, arrays)
+    assert other.encoder[0].weight.is_contiguous(memory_format=torch.channels_last)
+    for key, value in other.state_dict().items():
+        np.testing.assert_array_equal(value.contiguous().numpy(), arrays[key], err_msg=key)
