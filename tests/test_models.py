@@ -1,5 +1,5 @@
-"""Models of images train in the channels-last layout and compute what torch's default layout computes; their
-weights leave and enter a model in the default (C-ordered) layout."""
+"""Models of images (classifiers and detectors) train in the channels-last layout and compute what torch's default
+layout computes; their weights leave and enter a model in the default (C-ordered) layout."""
 
 from __future__ import annotations
 
@@ -64,3 +64,21 @@ def test_weights_travel_in_c_order_and_load_back_channels_last():
     assert other.encoder[0].weight.is_contiguous(memory_format=torch.channels_last)
     for key, value in other.state_dict().items():
         np.testing.assert_array_equal(value.contiguous().numpy(), arrays[key], err_msg=key)
+
+
+def test_detectors_hold_convolutions_channels_last_and_save_c_ordered_weights(tmp_path):
+    pytest.importorskip("torchvision", reason="the detector is the optional detection extra")
+    from fedsim.models.detector import DetectorSpec, build_detector, save_weights
+
+    spec = DetectorSpec(num_classes=3, image_size=64)
+    detector = build_detector(spec, seed=0)
+    convs = [m.weight for m in detector.modules() if isinstance(m, torch.nn.Conv2d)]
+    assert convs and all(w.is_contiguous(memory_format=torch.channels_last) for w in convs)
+    convs = [w for w in convs if w.shape[1] > 1 and w.shape[-1] > 1]  # the others are both layouts at once
+    assert convs and not any(w.is_contiguous() for w in convs)
+    path = save_weights(detector, tmp_path / "w.npz")
+    with np.load(path) as saved:
+        assert all(saved[k].flags["C_CONTIGUOUS"] for k in saved.files)
+        loaded = build_detector(DetectorSpec(num_classes=3, image_size=64, weights=str(path)))
+        for key, value in loaded.state_dict().items():
+            np.testing.assert_array_equal(value.contiguous().numpy(), saved[key], err_msg=key)

@@ -5,9 +5,11 @@ For each model (``lenet5`` on 1x28x28, ``cnn`` on 1x28x28 and on 3x32x32, 10 cla
 ``--steps`` SGD steps (momentum 0.9) at batch 32 through fedsim's own loop (``train_epochs``) from the same initial
 weights, and the forward pass of one 512-row evaluation chunk. Prints the median milliseconds of ``--repeats``
 runs of each (the two layouts in turn), their ratio, and the largest difference between the two layouts' weights
-after the epoch.
+after the epoch. With torchvision installed, the same for FedOD's detector (``build_detector``, FedOD's defaults
+on the ``scenes`` benchmark's 128x128 images, 4 classes): ``--detector-steps`` SGD steps of the FCOS loss at batch
+16, and ``detect`` on 16 images.
 
-    python -m experiments.benchmarks.layout [--steps 16 --threads 1 --repeats 11]
+    python -m experiments.benchmarks.layout [--steps 16 --detector-steps 4 --threads 1 --repeats 11]
 """
 
 from __future__ import annotations
@@ -71,9 +73,40 @@ def compare(name: str, shape: tuple[int, ...], steps: int, repeats: int) -> list
     return figures
 
 
+def compare_detector(steps: int, repeats: int) -> list[float]:
+    """:func:`compare`'s figures for FedOD's detector."""
+    from fedsim.models.detector import DetectorSpec, build_detector
+
+    fast = build_detector(DetectorSpec(num_classes=4, image_size=128), seed=0)
+    plain = copy.deepcopy(fast).to(memory_format=torch.contiguous_format)
+    generator = torch.Generator().manual_seed(0)
+    images = torch.rand(steps, 16, 3, 128, 128, generator=generator)
+    corners = torch.rand(steps, 16, 2, generator=generator) * 64
+    boxes = torch.cat([corners, corners + 24 + 40 * torch.rand(steps, 16, 2, generator=generator)], -1)
+    labels = torch.randint(0, 4, (steps, 16), generator=generator)
+
+    def train(model):
+        trained = copy.deepcopy(model)
+        optimizer = SGD(trained.parameters(), lr=0.02, momentum=0.9, weight_decay=1e-4)
+        for step in range(steps):
+            targets = [{"boxes": b[None], "labels": y[None]} for b, y in zip(boxes[step], labels[step])]
+            losses = trained.loss(trained.maps(images[step]), targets)
+            optimizer.zero_grad()
+            sum(losses.values()).backward()
+            optimizer.step()
+        return trained
+
+    figures = interleaved_ms([lambda m=m: train(m) for m in (plain, fast)], repeats)
+    figures += interleaved_ms([lambda m=m: m.detect(images[0]) for m in (plain, fast)], repeats)
+    a, b = train(plain), train(fast)
+    figures.append(max(float((p - q).detach().abs().max()) for p, q in zip(a.parameters(), b.parameters())))
+    return figures
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=16, help="SGD steps per epoch (16: 500 images at batch 32)")
+    parser.add_argument("--detector-steps", type=int, default=4, help="the detector's SGD steps (batch 16)")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=11)
     args = parser.parse_args()
@@ -83,13 +116,20 @@ def main() -> None:
         f"{args.threads} thread(s), {machine()}"
     )
     print(
-        f"{'model':18s} {'epoch ms':>9s} {'channels-last':>13s} {'ratio':>6s} {'eval ms':>8s} "
+        f"{'model':20s} {'epoch ms':>9s} {'channels-last':>13s} {'ratio':>6s} {'eval ms':>8s} "
         f"{'channels-last':>13s} {'ratio':>6s} {'max |dw|':>9s}"
     )
-    for label, (name, shape) in CASES.items():
-        train, train_cl, ev, ev_cl, diff = compare(name, shape, args.steps, args.repeats)
+    rows = {label: (compare, (name, shape, args.steps)) for label, (name, shape) in CASES.items()}
+    try:
+        import torchvision  # noqa: F401 (the detection extra)
+
+        rows["detector, 3x128x128"] = (compare_detector, (args.detector_steps,))
+    except (ImportError, RuntimeError) as exc:
+        print(f"detector left out: torchvision does not import ({type(exc).__name__})")
+    for label, (function, arguments) in rows.items():
+        train, train_cl, ev, ev_cl, diff = function(*arguments, args.repeats)
         print(
-            f"{label:18s} {train:9.1f} {train_cl:13.1f} {train_cl / train:5.2f}x {ev:8.1f} {ev_cl:13.1f} "
+            f"{label:20s} {train:9.1f} {train_cl:13.1f} {train_cl / train:5.2f}x {ev:8.1f} {ev_cl:13.1f} "
             f"{ev_cl / ev:5.2f}x {diff:9.1e}"
         )
 
