@@ -61,6 +61,13 @@ def test_a_negative_learning_rate_is_refused():
         SGD([torch.nn.Parameter(torch.zeros(1))], lr=-0.1)
 
 
+def test_an_empty_parameter_list_is_refused_as_torch_refuses_it():
+    with pytest.raises(ValueError, match="empty parameter list"):
+        torch.optim.SGD([], lr=0.1)
+    with pytest.raises(ValueError, match="empty parameter list"):
+        SGD(iter([]), lr=0.1)
+
+
 def test_a_client_trains_without_importing_torch_dynamo(toy_overrides):
     """torch.optim's optimizers import torch._dynamo (about 1 s per process); a FedAvg run needs none of it."""
     code = (

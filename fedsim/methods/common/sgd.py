@@ -23,6 +23,8 @@ class SGD:
     def __init__(self, params: Iterable, lr: float, momentum: float = 0.0, weight_decay: float = 0.0):
         """``params``: tensors, or dicts with ``params`` and any of ``lr``, ``momentum``, ``weight_decay``."""
         params = list(params)
+        if not params:
+            raise ValueError("SGD got an empty parameter list: give it the tensors it is to train (as torch.optim)")
         groups = params if params and isinstance(params[0], dict) else [{"params": params}]
         self.defaults = {"lr": lr, "momentum": momentum, "weight_decay": weight_decay}
         self.param_groups = [{**self.defaults, **group, "params": list(group["params"])} for group in groups]
