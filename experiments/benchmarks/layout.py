@@ -56,29 +56,35 @@ def epoch(model, split: ArraySplit):
     return trained
 
 
-def compare(name: str, shape: tuple[int, ...], steps: int, repeats: int) -> list[float]:
-    """[epoch ms default, epoch ms channels-last, eval ms default, eval ms channels-last, weight difference]."""
-    torch.manual_seed(0)
-    fast = build_model(SimpleNamespace(name=name, hidden=84 if name == "lenet5" else 128), shape, 10)
+def compare_layouts(fast, train, evaluate, repeats: int) -> list[float]:
+    """[train ms default, train ms channels-last, eval ms default, eval ms channels-last, weight difference] of
+    ``fast`` (channels-last) and its copy in torch's default layout; ``train(model)`` trains a copy of ``model``
+    and returns it (in training mode), ``evaluate(model)`` runs one evaluation pass."""
     plain = copy.deepcopy(fast).to(memory_format=torch.contiguous_format)
-    rng = np.random.default_rng(0)
-    split = ArraySplit(rng.standard_normal((32 * steps, *shape), dtype=np.float32), rng.integers(0, 10, 32 * steps))
-    chunk = torch.from_numpy(rng.standard_normal((CHUNK, *shape), dtype=np.float32))
-    figures = interleaved_ms([lambda m=m: epoch(m, split) for m in (plain, fast)], repeats)
+    figures = interleaved_ms([lambda m=m: train(m) for m in (plain, fast)], repeats)
     with torch.no_grad():
         plain.eval(), fast.eval()
-        figures += interleaved_ms([lambda m=m: m(chunk) for m in (plain, fast)], repeats)
-    a, b = epoch(plain, split), epoch(fast, split)  # train_epochs puts the copies back in training mode
+        figures += interleaved_ms([lambda m=m: evaluate(m) for m in (plain, fast)], repeats)
+    a, b = train(plain), train(fast)
     figures.append(max(float((p - q).detach().abs().max()) for p, q in zip(a.parameters(), b.parameters())))
     return figures
 
 
+def compare(name: str, shape: tuple[int, ...], steps: int, repeats: int) -> list[float]:
+    """:func:`compare_layouts` for a classifier: an epoch of ``train_epochs`` and one ``CHUNK``-row forward pass."""
+    torch.manual_seed(0)
+    fast = build_model(SimpleNamespace(name=name, hidden=84 if name == "lenet5" else 128), shape, 10)
+    rng = np.random.default_rng(0)
+    split = ArraySplit(rng.standard_normal((32 * steps, *shape), dtype=np.float32), rng.integers(0, 10, 32 * steps))
+    chunk = torch.from_numpy(rng.standard_normal((CHUNK, *shape), dtype=np.float32))
+    return compare_layouts(fast, lambda m: epoch(m, split), lambda m: m(chunk), repeats)
+
+
 def compare_detector(steps: int, repeats: int) -> list[float]:
-    """:func:`compare`'s figures for FedOD's detector."""
+    """:func:`compare_layouts` for FedOD's detector: ``steps`` SGD steps of the FCOS loss and one ``detect``."""
     from fedsim.models.detector import DetectorSpec, build_detector
 
     fast = build_detector(DetectorSpec(num_classes=4, image_size=128), seed=0)
-    plain = copy.deepcopy(fast).to(memory_format=torch.contiguous_format)
     generator = torch.Generator().manual_seed(0)
     images = torch.rand(steps, 16, 3, 128, 128, generator=generator)
     corners = torch.rand(steps, 16, 2, generator=generator) * 64
@@ -87,6 +93,7 @@ def compare_detector(steps: int, repeats: int) -> list[float]:
 
     def train(model):
         trained = copy.deepcopy(model)
+        trained.train()
         optimizer = SGD(trained.parameters(), lr=0.02, momentum=0.9, weight_decay=1e-4)
         for step in range(steps):
             targets = [{"boxes": b[None], "labels": y[None]} for b, y in zip(boxes[step], labels[step])]
@@ -96,11 +103,7 @@ def compare_detector(steps: int, repeats: int) -> list[float]:
             optimizer.step()
         return trained
 
-    figures = interleaved_ms([lambda m=m: train(m) for m in (plain, fast)], repeats)
-    figures += interleaved_ms([lambda m=m: m.detect(images[0]) for m in (plain, fast)], repeats)
-    a, b = train(plain), train(fast)
-    figures.append(max(float((p - q).detach().abs().max()) for p, q in zip(a.parameters(), b.parameters())))
-    return figures
+    return compare_layouts(fast, train, lambda m: m.detect(images[0]), repeats)
 
 
 def main() -> None:

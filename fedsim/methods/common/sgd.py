@@ -25,7 +25,7 @@ class SGD:
         params = list(params)
         if not params:
             raise ValueError("SGD got an empty parameter list: give it the tensors it is to train (as torch.optim)")
-        groups = params if params and isinstance(params[0], dict) else [{"params": params}]
+        groups = params if isinstance(params[0], dict) else [{"params": params}]
         self.defaults = {"lr": lr, "momentum": momentum, "weight_decay": weight_decay}
         self.param_groups = [{**self.defaults, **group, "params": list(group["params"])} for group in groups]
         for group in self.param_groups:
