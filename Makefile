@@ -11,8 +11,9 @@ install: $(STAMP)
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -c constraints.txt -e '.[test,detection]'
+	$(PY) -m pip install --quiet pip==26.3
+	# setuptools says that every editable install is one (an information, not a defect): that line alone is silenced
+	PYTHONWARNINGS='ignore:Editable installation' $(PY) -m pip install --quiet -c constraints.txt -e '.[test,detection]'
 	touch $(STAMP)
 
 run: $(STAMP)

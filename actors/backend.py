@@ -11,9 +11,9 @@ import time
 
 import ray
 
-from actors.client import KILL_ENV, KILL_PHASES
-from actors.executor import ActorSpec, RayExecutor
-from actors.server import RemoteServer
+from fedsim.actors.client import KILL_ENV, KILL_PHASES
+from fedsim.actors.executor import ActorSpec, RayExecutor
+from fedsim.actors.server import RemoteServer
 from fedsim.errors import UserError
 from fedsim.registry import METHODS
 
@@ -109,7 +109,7 @@ def plan_actors(config, federation) -> tuple[int, dict[int, int], float]:
 
 
 def kill_hook() -> str:
-    """The ``FEDSIM_TEST_KILL`` test hook (see :mod:`actors.client`), checked; "" when unset."""
+    """The ``FEDSIM_TEST_KILL`` test hook (see :mod:`fedsim.actors.client`), checked; "" when unset."""
     kill = os.environ.get(KILL_ENV, "")
     phases, _, marker_dir = kill.partition("@")
     if kill and (not set(phases.split(",")) <= set(KILL_PHASES) or not os.path.isdir(marker_dir)):

@@ -30,7 +30,7 @@ from typing import Any, Callable
 import ray
 from ray.exceptions import RayActorError
 
-from actors.client import ClientActor
+from fedsim.actors.client import ClientActor
 from fedsim.errors import UserError
 from fedsim.messages import Instruction, Reply
 from fedsim.runtime.executor import Executor
@@ -68,7 +68,7 @@ class ActorSpec:
     device: str
     num_cpus: float
     num_gpus: float
-    kill: str = ""  # the FEDSIM_TEST_KILL test hook (actors.client), "" when unset
+    kill: str = ""  # the FEDSIM_TEST_KILL test hook (fedsim.actors.client), "" when unset
 
     def create(self, index: int):
         return (

@@ -14,7 +14,7 @@ import logging
 import ray
 from ray.exceptions import RayActorError, RayTaskError
 
-from actors.executor import ActorFailed, reason
+from fedsim.actors.executor import ActorFailed, reason
 from fedsim.errors import UserError, unwrapped
 from fedsim.runtime.server import SERVER_HANDLE_METHODS, Server
 

@@ -1,8 +1,8 @@
-"""The ``fedsim`` command line: ``fedsim run``, ``fedsim sweep``, ``fedsim reproduce``, ``fedsim report``,
-``fedsim diagnose`` and ``fedsim list``.
+"""The ``fedsim`` command line: ``fedsim run``, ``fedsim sweep``, ``fedsim reproduce``, ``fedsim report`` and
+``fedsim list``.
 
 Bad input ends with one line naming the problem and the fix, exit code 2, before anything is written
-(numeric flags are range-checked by :mod:`experiments.flags`, the same rule for every command). A value the run
+(numeric flags are range-checked by :mod:`fedsim.experiments.flags`, the same rule for every command). A value the run
 computed that is no longer finite (:class:`fedsim.errors.NumericalError`) ends it the same way, its line naming the
 method, round, client and quantity; the run directory keeps its last checkpoint.
 """
@@ -16,8 +16,8 @@ import time
 from pathlib import Path
 from typing import Optional, Sequence
 
-from experiments.flags import check_numeric_flags
 from fedsim.errors import UserError, unwrapped
+from fedsim.experiments.flags import check_numeric_flags
 
 log = logging.getLogger("fedsim")
 #: loggers whose INFO lines say nothing a user can act on (the embedded digits domains build in seconds)
@@ -66,7 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("-q", "--quiet", action="store_true", help="no progress bar and no table")
     sub.add_parser("list", help="list methods (with their task), benchmarks and their domains")
     # light imports: Ray and matplotlib load only when a command runs
-    from experiments import diagnose, report, reproduce, sweep
+    from fedsim.experiments import report, reproduce, sweep
 
     sweep.add_arguments(
         sub.add_parser("sweep", help="Ray Tune grid over methods x local epochs x seeds (x any --set list)")
@@ -75,7 +75,6 @@ def build_parser() -> argparse.ArgumentParser:
         sub.add_parser("reproduce", help="run a paper's protocol (a spec: grid + claims) as Ray Tune trials")
     )
     report.add_arguments(sub.add_parser("report", help="plots and a markdown table for a run or a sweep directory"))
-    diagnose.add_arguments(sub.add_parser("diagnose", help="tools that explain a result, e.g. where atoms sit"))
     return parser
 
 
@@ -188,10 +187,9 @@ def cmd_list() -> int:
 #: command -> its function, or the module whose ``run(args)`` it is (imported only when it runs)
 COMMANDS = {
     "run": cmd_run,
-    "sweep": "experiments.sweep",
-    "reproduce": "experiments.reproduce",
-    "report": "experiments.report",
-    "diagnose": "experiments.diagnose",
+    "sweep": "fedsim.experiments.sweep",
+    "reproduce": "fedsim.experiments.reproduce",
+    "report": "fedsim.experiments.report",
 }
 #: numeric flags that take comma lists, per command
 LIST_FLAGS = {"sweep": ("local_epochs", "seeds", "cpus_per_client", "gpus_per_client"), "reproduce": ("seeds",)}

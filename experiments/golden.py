@@ -1,7 +1,7 @@
 """Record or check the numbers of every registered method on tiny fixed-seed configs, on both backends.
 
-    python -m experiments.golden check tests/golden/summaries.json [--only fedavg,fada]
-    python -m experiments.golden record tests/golden/summaries.json [--only fada]  (--only: the other cases kept)
+    python -m fedsim.experiments.golden check tests/golden/summaries.json [--only fedavg,fada]
+    python -m fedsim.experiments.golden record tests/golden/summaries.json [--only fada]  (--only: the other cases kept)
 
 The golden summaries live in ``tests/golden/summaries.json``. ``check`` compares each run's summary (wall
 time left out), every evaluated round's metrics (timings left out) and a fingerprint of the final global tensors
@@ -196,7 +196,7 @@ def record_case(case: str, backend: str, work: Path) -> dict:
 def record_all(cases: list[str]) -> dict:
     import ray
 
-    from actors.backend import RAY_AUTH_LOGGER, quiet_logger
+    from fedsim.actors.backend import RAY_AUTH_LOGGER, quiet_logger
 
     with quiet_logger(RAY_AUTH_LOGGER):
         ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING")

@@ -26,14 +26,14 @@ from typing import Any
 
 import numpy as np
 
-from experiments.grouping import format_mean_std, groups, mean_std
-from experiments.report_plots import (
+from fedsim.errors import UserError
+from fedsim.experiments.grouping import format_mean_std, groups, mean_std
+from fedsim.experiments.report_plots import (
     PLOTS,
     plot_accuracy_per_round,
     plot_accuracy_vs_bytes,
     plot_accuracy_vs_local_epochs,
 )
-from fedsim.errors import UserError
 
 # run-directory configs: keys that never describe the experiment itself
 _IGNORED_KEYS = {

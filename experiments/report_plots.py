@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from experiments.grouping import group_label, groups, mean_std
+from fedsim.experiments.grouping import group_label, groups, mean_std
 
 PLOTS = ("accuracy_per_round.png", "accuracy_vs_local_epochs.png", "accuracy_vs_bytes.png")
 

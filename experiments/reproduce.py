@@ -5,11 +5,11 @@
     fedsim reproduce --spec my-protocol.yaml --address auto --seeds 0,1,2
     fedsim reproduce --resume --out runs/reproduce-fada-...
 
-Each trial is one run x benchmark x target x seed of the spec (:mod:`experiments.reproduce_spec`),
-placed and run by `fedsim sweep`'s machinery (:func:`experiments.sweep.run_grid`), so ``--address auto``
+Each trial is one run x benchmark x target x seed of the spec (:mod:`fedsim.experiments.reproduce_spec`),
+placed and run by `fedsim sweep`'s machinery (:func:`fedsim.experiments.sweep.run_grid`), so ``--address auto``
 spreads the grid over a cluster and ``--resume`` finishes an interrupted one. The output directory holds
 ``results.csv`` (one line per table row x target x seed), ``table.md``, ``claims.md``, the plots
-(:mod:`experiments.reproduce_plots`), Tune's experiment (``tune/``), the trials' run directories
+(:mod:`fedsim.experiments.reproduce_plots`), Tune's experiment (``tune/``), the trials' run directories
 (``runs/``), ``reproduce.json`` and ``sweep.json`` (the grid, for ``--resume``).
 """
 
@@ -20,12 +20,12 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from experiments.reproduce_data import parse_data_roots, resolve_data_roots
-from experiments.reproduce_results import claims_text, results_rows, table, write_results_csv
-from experiments.reproduce_spec import PaperSpec, available, from_json, load_spec, shrink, to_json, to_sweep
-from experiments.sweep import SPEC_FILE, TUNE_NAME, report_failures, run_grid
-from experiments.sweep_grid import SweepSpec, parse_list, prepare
 from fedsim.errors import UserError
+from fedsim.experiments.reproduce_data import parse_data_roots, resolve_data_roots
+from fedsim.experiments.reproduce_results import claims_text, results_rows, table, write_results_csv
+from fedsim.experiments.reproduce_spec import PaperSpec, available, from_json, load_spec, shrink, to_json, to_sweep
+from fedsim.experiments.sweep import SPEC_FILE, TUNE_NAME, report_failures, run_grid
+from fedsim.experiments.sweep_grid import SweepSpec, parse_list, prepare
 
 STATE_FILE = "reproduce.json"
 
@@ -108,14 +108,14 @@ def _resumed(args: argparse.Namespace) -> tuple[PaperSpec, SweepSpec, Path]:
 
 def output_names(spec: PaperSpec) -> list[str]:
     """What :func:`write_outputs` writes for ``spec``: what a ``results/`` directory holds beside its spec.yaml."""
-    from experiments.reproduce_plots import plot_names
+    from fedsim.experiments.reproduce_plots import plot_names
 
     return ["results.csv", "table.md", "claims.md", *plot_names(spec)]
 
 
 def write_outputs(spec: PaperSpec, records: list[dict], out: Path) -> list[Path]:
     """results.csv, table.md, claims.md and the plots; returns the paths written."""
-    from experiments.reproduce_plots import write_plots
+    from fedsim.experiments.reproduce_plots import write_plots
 
     lines = results_rows(spec, records)
     written = [write_results_csv(out / "results.csv", lines)]

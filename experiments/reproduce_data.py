@@ -14,8 +14,8 @@ import os
 from pathlib import Path
 from typing import Mapping, Optional
 
-from experiments.reproduce_spec import PaperSpec
 from fedsim.errors import UserError
+from fedsim.experiments.reproduce_spec import PaperSpec
 
 DATA_DIR_VARIABLE = "FEDSIM_DATA_DIR"
 

@@ -1,5 +1,5 @@
 """The vocabulary of a `fedsim reproduce` spec file: the keys each part accepts, the checks of their types, and
-the parsed rows and claims (:mod:`experiments.reproduce_spec` reads a whole spec with them)."""
+the parsed rows and claims (:mod:`fedsim.experiments.reproduce_spec` reads a whole spec with them)."""
 
 from __future__ import annotations
 
@@ -66,7 +66,7 @@ class Row:
     name: str
     label: str
     run: str
-    metrics: dict[str, str]  # metric name -> reference (see experiments.reproduce_results.metric_value)
+    metrics: dict[str, str]  # metric name -> reference (see fedsim.experiments.reproduce_results.metric_value)
 
 
 @dataclass

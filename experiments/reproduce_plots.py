@@ -9,8 +9,8 @@ from pathlib import Path
 
 import numpy as np
 
-from experiments.reproduce_results import cell, value_under
-from experiments.reproduce_spec import PaperSpec
+from fedsim.experiments.reproduce_results import cell, value_under
+from fedsim.experiments.reproduce_spec import PaperSpec
 
 
 def _panels(count: int, width: float = 6.0, height: float = 3.8):

@@ -17,8 +17,8 @@ from typing import Optional
 
 import numpy as np
 
-from experiments.grouping import format_mean_std, mean_std
-from experiments.reproduce_spec import Claim, PaperSpec
+from fedsim.experiments.grouping import format_mean_std, mean_std
+from fedsim.experiments.reproduce_spec import Claim, PaperSpec
 
 REDUCERS = {
     "mean": lambda v: v,

@@ -6,9 +6,9 @@ one run, e.g. FedDaDiL's R and E predictors), the paper's claims as orderings of
 per-round series to plot, and a ``quick`` section that shrinks the grid to a smoke test (its ``benchmarks``
 appends settings to one benchmark's ``set`` / ``run_set``, e.g. fewer encoder rounds on images only).
 Every trial is one run x benchmark x target x seed; :func:`to_sweep` turns the grid into the
-:class:`experiments.sweep_grid.SweepSpec` that `fedsim sweep`'s machinery runs as Ray Tune trials.
+:class:`fedsim.experiments.sweep_grid.SweepSpec` that `fedsim sweep`'s machinery runs as Ray Tune trials.
 The format is documented in ``docs/cluster.md`` ("Reproducing a paper"); its keys are checked by
-:mod:`experiments.reproduce_format`.
+:mod:`fedsim.experiments.reproduce_format`.
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-from experiments.reproduce_format import DEFAULT_METRICS, Claim, Row, check_keys, strings
-from experiments.sweep_grid import VARIANT_KEY, SweepSpec
 from fedsim.errors import UserError
+from fedsim.experiments.reproduce_format import DEFAULT_METRICS, Claim, Row, check_keys, strings
+from fedsim.experiments.sweep_grid import VARIANT_KEY, SweepSpec
 
 SPECS_DIR = Path(__file__).parent / "specs"
 CONFIGS_DIR = Path(__file__).parent / "configs"

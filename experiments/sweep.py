@@ -19,12 +19,12 @@ The sweep directory holds Tune's own experiment (``tune/``), the trials' run
 directories (``runs/<trial id>/``), ``sweep.json`` (the grid, for ``--resume``),
 ``results.csv`` (one row per trial),
 ``rounds.csv`` (one row per trial and round), ``report.md`` and the plots of
-:mod:`experiments.report`. Every input is checked (methods, lists, every grid
+:mod:`fedsim.experiments.report`. Every input is checked (methods, lists, every grid
 point's config, the data, the cluster address) before anything is written.
 
 This module is the command (flags, the sweep directory, Ray and the Tuner); the grid is built in
-:mod:`experiments.sweep_grid`, a trial is planned and run by :mod:`experiments.sweep_trial`, and
-the results are collected and written by :mod:`experiments.sweep_results`.
+:mod:`fedsim.experiments.sweep_grid`, a trial is planned and run by :mod:`fedsim.experiments.sweep_trial`, and
+the results are collected and written by :mod:`fedsim.experiments.sweep_results`.
 """
 
 from __future__ import annotations
@@ -36,10 +36,10 @@ import time
 from pathlib import Path
 from typing import Optional
 
-from experiments.sweep_grid import SweepSpec, prepare, spec_from_args
-from experiments.sweep_results import collect_records, write_results
-from experiments.sweep_trial import TrialResources, plan_trial, run_trial
 from fedsim.errors import UserError
+from fedsim.experiments.sweep_grid import SweepSpec, prepare, spec_from_args
+from fedsim.experiments.sweep_results import collect_records, write_results
+from fedsim.experiments.sweep_trial import TrialResources, plan_trial, run_trial
 
 log = logging.getLogger(__name__)
 
@@ -165,7 +165,7 @@ def run_grid(
     import ray
     from ray import tune
 
-    from actors.backend import check_reachable, connect, shutdown_own_cluster
+    from fedsim.actors.backend import check_reachable, connect, shutdown_own_cluster
 
     if address:
         check_reachable(address)  # also when this process already runs Ray
@@ -210,7 +210,7 @@ def report_failures(records: list[dict], command: str, out: Path) -> int:
 
 def run(args: argparse.Namespace) -> int:
     """``fedsim sweep``: check everything, start or join Ray, run (or resume) the Tuner, write the report."""
-    from experiments import report as report_module
+    from fedsim.experiments import report as report_module
 
     if args.resume:
         given = [f"--{f.replace('_', '-')}" for f in SPEC_FLAGS if getattr(args, f, None) is not None] + (

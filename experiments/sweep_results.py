@@ -8,8 +8,8 @@ import math
 from pathlib import Path
 from typing import Any, Optional
 
-from experiments.sweep_grid import COLUMNS, SweepSpec, point_key
 from fedsim.errors import UserError, unwrapped
+from fedsim.experiments.sweep_grid import COLUMNS, SweepSpec, point_key
 
 
 def _cell(value: Any) -> Any:
@@ -79,7 +79,7 @@ def error_text(error: BaseException) -> str:
 
 
 def collect_records(result_grid, spec: SweepSpec, configs: dict[str, Any]) -> list[dict]:
-    """Tune's ResultGrid -> the records of :mod:`experiments.report` (one per trial, with its rounds)."""
+    """Tune's ResultGrid -> the records of :mod:`fedsim.experiments.report` (one per trial, with its rounds)."""
     records = []
     for result in result_grid:
         point = {k: v for k, v in (result.config or {}).items() if "." in k}

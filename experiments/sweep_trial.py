@@ -10,8 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from experiments.sweep_grid import SweepSpec, point_key
 from fedsim.errors import UserError
+from fedsim.experiments.sweep_grid import SweepSpec, point_key
 from fedsim.runtime.callbacks import Callback
 
 TRIAL_CPUS = 0.1  # head bundle: the trial coordinator only waits on the ServerActor

@@ -25,7 +25,7 @@ log = logging.getLogger(__name__)
 #: backend name -> "module:function" returning ``(server handle, close)`` for (config, federation, num_cpus); a
 #: module may also have ``start_backend(config, num_cpus)``, whose handle (with ``stop()``) the function then takes
 #: as a fourth argument (:func:`checked_federation_during`)
-BACKENDS = {"local": "fedsim.api:open_local", "ray": "actors.backend:open_server"}
+BACKENDS = {"local": "fedsim.api:open_local", "ray": "fedsim.actors.backend:open_server"}
 #: seconds the federation's build runs alone before a backend's start overlaps it (see checked_federation_during)
 HEAD_START_S = 0.1
 

@@ -168,7 +168,7 @@ def ray_cluster():
     """One local Ray cluster shared by every test that needs it."""
     ray = pytest.importorskip("ray")
     if not ray.is_initialized():
-        from actors.backend import RAY_AUTH_LOGGER, quiet_logger
+        from fedsim.actors.backend import RAY_AUTH_LOGGER, quiet_logger
 
         with quiet_logger(RAY_AUTH_LOGGER):
             ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING")

@@ -109,7 +109,7 @@ class FakeServer:
 def fake_ray(monkeypatch, we_started: bool, start_server):
     """The Ray backend with ``connect`` answering ``we_started``, a counted ``ray.shutdown`` and ``start_server``
     replaced; returns (the backend module, the list that grows by one per shutdown)."""
-    backend = pytest.importorskip("actors.backend")
+    backend = pytest.importorskip("fedsim.actors.backend")
     shutdowns = []
     monkeypatch.setattr(backend, "connect", lambda address, num_cpus=None: we_started)
     monkeypatch.setattr(backend.ray, "shutdown", lambda: shutdowns.append(1))
@@ -155,7 +155,7 @@ class FakeProcess:
 def test_the_own_cluster_stops_without_waiting_on_its_autoscaler_monitor(monkeypatch):
     """The monitor is killed first (its SIGTERM handler would wait on the GCS that Ray stops before it); the other
     daemons are left to ``ray.shutdown``, which still runs once."""
-    backend = pytest.importorskip("actors.backend")
+    backend = pytest.importorskip("fedsim.actors.backend")
     log = []
     node = types.SimpleNamespace(
         all_processes={

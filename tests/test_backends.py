@@ -39,7 +39,7 @@ def test_seed_changes_results(toy_overrides):
 
 
 def test_ray_backend_spreads_clients_over_actors(toy_overrides, ray_cluster):
-    from actors.backend import start_server
+    from fedsim.actors.backend import start_server
     from fedsim.data.scenario import build_federation
 
     config = load_config(None, toy_overrides + ["resources.cpus_per_client=1"])
@@ -56,7 +56,7 @@ def test_ray_backend_spreads_clients_over_actors(toy_overrides, ray_cluster):
 
 def test_gpu_request_without_gpus_warns_and_runs_on_cpu(toy_overrides, ray_cluster, tmp_path, caplog):
     config = load_config(None, toy_overrides + ["resources.gpus_per_client=0.25", "run.rounds=1"])
-    with caplog.at_level(logging.WARNING, logger="actors.backend"):
+    with caplog.at_level(logging.WARNING, logger="fedsim.actors.backend"):
         result = run_experiment(config, tmp_path / "gpu")
     assert [r.getMessage() for r in caplog.records if "GPU" in r.getMessage()] == [
         "--gpus-per-client 0.25 asked for GPUs but the Ray cluster has none: running on CPU"

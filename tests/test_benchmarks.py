@@ -26,7 +26,7 @@ def _overhead_rows(out: str) -> dict[str, list[float]]:
 
 
 def test_overhead_three_ways_agree():
-    out = _run("experiments.benchmarks.overhead")
+    out = _run("tools.benchmarks.overhead")
     rows = _overhead_rows(out)
     floor_rounds, _, floor_whole = rows[WAYS[0]][:3]
     for way, (rounds, rounds_ratio, whole, whole_ratio, rss, pss, processes, accuracy) in rows.items():
@@ -51,7 +51,7 @@ def test_overhead_three_ways_agree():
 
 
 def test_scale_prints_rounds_memory_and_flatness(tmp_path):
-    out = _run("experiments.benchmarks.scale", "--sizes", "40", "--rounds", "3", "--flat-rounds", "70")
+    out = _run("tools.benchmarks.scale", "--sizes", "40", "--rounds", "3", "--flat-rounds", "70")
     size = re.search(
         r"features, 40 clients .*clients\s+(\d+)\s+mean round\s+"
         + NUMBER
@@ -85,14 +85,14 @@ def test_scale_prints_rounds_memory_and_flatness(tmp_path):
 
 def test_scale_rejects_a_too_short_flatness_run():
     result = subprocess.run(
-        [sys.executable, "-m", "experiments.benchmarks.scale", "--flat-rounds", "20"], capture_output=True, text=True
+        [sys.executable, "-m", "tools.benchmarks.scale", "--flat-rounds", "20"], capture_output=True, text=True
     )
     assert result.returncode == 2 and "--flat-rounds must be at least 70" in result.stderr
 
 
 def test_feddadil_ot_reports_the_ot_share(toy_root, tmp_path):
     out = _run(
-        "experiments.benchmarks.feddadil_ot",
+        "tools.benchmarks.feddadil_ot",
         "--benchmark",
         "npz",
         "--target",
@@ -119,7 +119,7 @@ def test_feddadil_ot_reports_the_ot_share(toy_root, tmp_path):
 
 
 def test_layout_prints_both_layouts_of_every_image_model_and_their_agreement():
-    out = _run("experiments.benchmarks.layout", "--steps", "2", "--detector-steps", "1", "--repeats", "1")
+    out = _run("tools.benchmarks.layout", "--steps", "2", "--detector-steps", "1", "--repeats", "1")
     models = ["lenet5, 1x28x28", "cnn, 1x28x28", "cnn, 3x32x32"]
     if "detector left out" not in out:
         models.append("detector, 3x128x128")

@@ -75,7 +75,7 @@ def test_sigkill_midway_then_resume_gives_the_same_summary(toy_overrides, tmp_pa
         "run.tensorboard=false",
     ]:
         flags += ["--set", item]
-    command = [sys.executable, "-m", "experiments.cli", "run", "-q", "--backend", "local"]
+    command = [sys.executable, "-m", "fedsim.experiments.cli", "run", "-q", "--backend", "local"]
     reference = subprocess.run(
         command + ["--out", str(tmp_path / "reference")] + flags, capture_output=True, text=True, timeout=300
     )
@@ -101,7 +101,7 @@ def test_sigkill_midway_then_resume_gives_the_same_summary(toy_overrides, tmp_pa
 
 
 def test_resume_refuses_other_flags(tmp_path, capsys):
-    from experiments.cli import main
+    from fedsim.experiments.cli import main
 
     assert main(["run", "--resume", str(tmp_path), "--rounds", "5"]) == 2
     assert "drop --rounds" in capsys.readouterr().err

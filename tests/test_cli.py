@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from experiments.cli import main
+from fedsim.experiments.cli import main
 
 
 def _flags(overrides):
@@ -166,7 +166,7 @@ def test_unreachable_address_subprocess(toy_overrides, tmp_path):
     """A real process: one line on stderr, exit code 2, no traceback, no run directory."""
     out = tmp_path / "never"
     proc = subprocess.run(
-        [sys.executable, "-m", "experiments.cli", "run", "--address", "127.0.0.1:1", "--out", str(out)]
+        [sys.executable, "-m", "fedsim.experiments.cli", "run", "--address", "127.0.0.1:1", "--out", str(out)]
         + _flags(toy_overrides),
         capture_output=True,
         text=True,
@@ -179,7 +179,7 @@ def test_unreachable_address_subprocess(toy_overrides, tmp_path):
 
 
 def test_unreachable_address_message(toy_overrides, tmp_path, capsys):
-    from actors.backend import check_reachable
+    from fedsim.actors.backend import check_reachable
     from fedsim.errors import UserError
 
     with pytest.raises(UserError, match="cannot reach a Ray cluster at 127.0.0.1:1"):

@@ -9,7 +9,7 @@ HEAVY = ("torch", "ray", "ot", "sklearn", "matplotlib", "pandas", "scipy")
 
 def test_building_the_command_line_loads_no_heavy_library():
     probe = (
-        "import sys; from experiments.cli import build_parser; build_parser(); "
+        "import sys; from fedsim.experiments.cli import build_parser; build_parser(); "
         f"print(','.join(m for m in {HEAVY!r} if m in sys.modules))"
     )
     loaded = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout.strip()

@@ -5,10 +5,10 @@ import dataclasses
 
 import pytest
 
-from experiments.cli import COMMANDS, build_parser, config_from_args
 from fedsim.api import make_config
 from fedsim.config import KEYWORDS, load_config
 from fedsim.errors import UserError
+from fedsim.experiments.cli import COMMANDS, build_parser, config_from_args
 
 
 def cli_config(*flags):
@@ -84,6 +84,6 @@ def test_a_bad_value_gives_one_clear_user_error(keywords, expected):
     assert expected in str(info.value) and "\n" not in str(info.value)
 
 
-def test_diagnose_is_wired_like_reproduce():
-    assert COMMANDS["diagnose"] == "experiments.diagnose" and COMMANDS["reproduce"] == "experiments.reproduce"
-    assert {"reproduce", "diagnose"} <= set(build_parser()._subparsers._group_actions[0].choices)
+def test_commands_are_wired_to_the_installed_package():
+    assert COMMANDS["reproduce"] == "fedsim.experiments.reproduce" and "diagnose" not in COMMANDS
+    assert {"run", "sweep", "reproduce", "report", "list"} == set(build_parser()._subparsers._group_actions[0].choices)

@@ -1,4 +1,5 @@
-"""`fedsim diagnose`: each diagnostic on a tiny run this file makes, its printed values against a direct computation."""
+"""`python -m tools.diagnose`: each diagnostic on a tiny run this file makes, its printed values against a direct
+computation."""
 
 from __future__ import annotations
 
@@ -13,11 +14,11 @@ import ot
 import pytest
 import torch
 
-from experiments import diagnose
-from experiments.diagnostics.feddadil_plateau import plateau_round
 from fedsim.api import run_experiment
 from fedsim.config import load_config
 from fedsim.errors import UserError
+from tools import diagnose
+from tools.diagnostics.feddadil_plateau import plateau_round
 
 DICTIONARY = ["method.samples_per_atom=40", "method.batch_size=20", "method.classifier_steps=20", "method.num_atoms=0"]
 
@@ -183,12 +184,12 @@ def test_wrong_directory_and_wrong_method(tmp_path, toy_overrides):
 
 
 def test_no_checkpoint_is_one_clear_line(tmp_path, toy_overrides, capsys):
-    from experiments.cli import main
+    from tools.diagnose import main
 
     out = tmp_path / "run"
     settings = ["method.name=feddadil", "run.checkpoint_every=0", "run.eval_every=2", "run.tensorboard=false"]
     run_experiment(load_config(None, toy_overrides + settings + DICTIONARY), out)
-    assert main(["diagnose", "feddadil-labels", str(out)]) == 2
+    assert main(["feddadil-labels", str(out)]) == 2
     error = capsys.readouterr().err.strip().splitlines()[-1]
     assert error.startswith("fedsim: error: feddadil-labels: ")
     assert error.endswith(
@@ -198,10 +199,10 @@ def test_no_checkpoint_is_one_clear_line(tmp_path, toy_overrides, capsys):
 
 
 def test_through_the_cli(feddadil_run, capsys):
-    from experiments.cli import main
+    from tools.diagnose import main
 
     out, _ = feddadil_run
-    assert main(["diagnose", "feddadil-atoms", str(out), "--no-accuracy", "--seed", "1", "--samples", "20"]) == 0
+    assert main(["feddadil-atoms", str(out), "--no-accuracy", "--seed", "1", "--samples", "20"]) == 0
     assert "W2^2 to atom k" in capsys.readouterr().out
-    assert main(["diagnose", "feddadil-alpha", str(out.parent / "elsewhere")]) == 2
+    assert main(["feddadil-alpha", str(out.parent / "elsewhere")]) == 2
     assert "is not a directory" in capsys.readouterr().err

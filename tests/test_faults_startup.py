@@ -1,6 +1,6 @@
 """Actor deaths at every phase of a Ray run, start-up included: the undisturbed run's summary, or one clear line.
 
-Client actors are killed with the ``FEDSIM_TEST_KILL`` hook (``actors.client``): the first client actor to reach
+Client actors are killed with the ``FEDSIM_TEST_KILL`` hook (``fedsim.actors.client``): the first client actor to reach
 a named phase exits at once, once per phase (a marker file records it), so every kill lands where it is meant to.
 """
 
@@ -9,11 +9,11 @@ import re
 
 import pytest
 
-from actors.client import KILL_ENV, KILL_PHASES
-from experiments.cli import main
+from fedsim.actors.client import KILL_ENV, KILL_PHASES
 from fedsim.api import run_experiment
 from fedsim.config import load_config
 from fedsim.errors import UserError
+from fedsim.experiments.cli import main
 from fedsim.runtime.callbacks import Callback
 
 #: fedavg takes its initial model from client actor 0 (the hand-off); federated standardization is the setup

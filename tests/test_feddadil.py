@@ -390,7 +390,7 @@ def test_local_and_ray_agree(toy_overrides, ray_cluster, tmp_path):
 def test_reproduce_grids_reach_the_dictionary_stage():
     """`fedsim reproduce feddadil [--quick]`: the dictionary gets the authors' rounds (FedDaDiL 50, DaDiL 40) after
     the encoder's, 5 automatic rounds on digits and 10 MLP rounds on TEP; the quick grid's 3 rounds start with 1."""
-    from experiments.reproduce_spec import load_spec, shrink, to_sweep
+    from fedsim.experiments.reproduce_spec import load_spec, shrink, to_sweep
     from fedsim.methods.families.dictionary import DEFAULT_IMAGE_ENCODER_ROUNDS
 
     for quick in (False, True):

@@ -5,9 +5,9 @@ import csv
 import json
 from pathlib import Path
 
-from experiments.cli import main
-from experiments.reproduce_results import check_claim, results_rows
-from experiments.reproduce_spec import PaperSpec
+from fedsim.experiments.cli import main
+from fedsim.experiments.reproduce_results import check_claim, results_rows
+from fedsim.experiments.reproduce_spec import PaperSpec
 
 
 def _rows(path):

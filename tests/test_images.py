@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from experiments.cli import main
 from fedsim.config import DataConfig
 from fedsim.data.benchmarks import images
 from fedsim.data.benchmarks.images import ImageFolderBenchmark
 from fedsim.errors import UserError
+from fedsim.experiments.cli import main
 
 DOMAINS = ("cam_a", "cam_b", "cam_c")
 CLASSES = ("blue", "green", "red")  # each class a solid colour: its brightest channel names it

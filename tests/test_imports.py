@@ -25,8 +25,13 @@ def test_registry_imports_only_what_a_run_asks_for():
     assert result.returncode == 0, result.stderr[-2000:]
 
 
-BLOCK_TORCHVISION = (
-    "import sys; sys.modules['torchvision'] = None; from experiments.cli import main; sys.exit(main(sys.argv[1:]))"
+BLOCK_TORCHVISION = "; ".join(
+    [
+        "import sys",
+        "sys.modules['torchvision'] = None",
+        "from fedsim.experiments.cli import main",
+        "sys.exit(main(sys.argv[1:]))",
+    ]
 )
 
 

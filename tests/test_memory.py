@@ -2,10 +2,10 @@
 
 import psutil
 
-from experiments.benchmarks.measure import plasma_mib
 from fedsim.api import run_experiment
 from fedsim.config import load_config
 from fedsim.runtime.callbacks import Callback
+from tools.benchmarks.measure import plasma_mib
 
 
 def test_driver_and_object_store_memory_flat_over_100_rounds(toy_overrides, ray_cluster, tmp_path):

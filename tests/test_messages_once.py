@@ -3,7 +3,7 @@
 import logging
 import warnings
 
-from actors.backend import RAY_AUTH_LOGGER, gpus_or_cpu, quiet_logger
+from fedsim.actors.backend import RAY_AUTH_LOGGER, gpus_or_cpu, quiet_logger
 
 
 def test_gpu_fallback_is_one_log_line(caplog, capsys):
@@ -37,7 +37,7 @@ def test_rays_token_notice_is_quiet_while_a_local_cluster_starts(caplog):
 
 
 def test_the_cli_keeps_the_digits_build_lines_out_of_a_run(capsys):
-    from experiments.cli import QUIET_LOGGERS, main
+    from fedsim.experiments.cli import QUIET_LOGGERS, main
 
     assert main(["list"]) == 0
     for name in QUIET_LOGGERS:

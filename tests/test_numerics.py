@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from experiments.cli import main
 from fedsim.errors import NumericalError, UserError, unwrapped
+from fedsim.experiments.cli import main
 from fedsim.methods.common import dictionary as dil
 from fedsim.methods.fedavg import FedAvg
 from fedsim.ot.barycenter import labeled_barycenter

@@ -86,7 +86,7 @@ def test_torch_declaration_is_per_method_not_inherited():
 
 def test_ray_server_actor_of_fedavg_never_imports_torch(toy_overrides, ray_cluster):
     """The real server actor: its initial model comes from a client actor, its rounds average numpy."""
-    from actors.backend import start_server
+    from fedsim.actors.backend import start_server
     from fedsim.config import load_config
     from fedsim.data.scenario import build_federation
 

@@ -6,7 +6,7 @@ import os
 import pytest
 import yaml
 
-from experiments.benchmarks.protocols import (
+from tools.benchmarks.protocols import (
     covered_seconds,
     first_trial_spec,
     format_split,
@@ -111,7 +111,7 @@ def test_covered_seconds_merges_overlaps_and_clips():
 
 
 def test_first_trial_spec_is_one_trial_of_the_full_protocol(tmp_path):
-    from experiments.reproduce_spec import load_spec, to_sweep
+    from fedsim.experiments.reproduce_spec import load_spec, to_sweep
 
     path = tmp_path / "fada-first-trial.yaml"
     path.write_text(yaml.safe_dump(first_trial_spec("fada"), sort_keys=False))

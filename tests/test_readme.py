@@ -71,8 +71,8 @@ def test_results_hold_only_what_reproduce_writes():
 
 
 def test_the_commands_the_readme_shows_exist():
-    from experiments.cli import build_parser
-    from experiments.reproduce_spec import available, load_spec
+    from fedsim.experiments.cli import build_parser
+    from fedsim.experiments.reproduce_spec import available, load_spec
 
     parser = build_parser()
     commands = {a for action in parser._subparsers._group_actions for a in action.choices}

@@ -10,12 +10,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from experiments.cli import main
 from fedsim.config import DataConfig
 from fedsim.data.benchmarks.amazon_review import AmazonReviewBenchmark
 from fedsim.data.benchmarks.cwru import CLASSES, CWRUBenchmark
 from fedsim.data.benchmarks.office_caltech import OfficeCaltechBenchmark
 from fedsim.errors import UserError
+from fedsim.experiments.cli import main
 
 DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 if not DATA.is_dir():

@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 from matplotlib.image import imread
 
-from experiments.cli import main
-from experiments.report import load_records, markdown_table
-from experiments.report_plots import PLOTS
-from experiments.sweep_results import write_results
+from fedsim.experiments.cli import main
+from fedsim.experiments.report import load_records, markdown_table
+from fedsim.experiments.report_plots import PLOTS
+from fedsim.experiments.sweep_results import write_results
 
 
 def _flags(overrides):

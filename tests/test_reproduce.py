@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from experiments.cli import main
-from experiments.reproduce import STATE_FILE, output_names
-from experiments.reproduce_results import check_claim, metric_value, results_rows, table
-from experiments.reproduce_spec import PaperSpec, available, load_spec, shrink, to_sweep
-from experiments.sweep import SPEC_FILE
 from fedsim.errors import UserError
+from fedsim.experiments.cli import main
+from fedsim.experiments.reproduce import STATE_FILE, output_names
+from fedsim.experiments.reproduce_results import check_claim, metric_value, results_rows, table
+from fedsim.experiments.reproduce_spec import PaperSpec, available, load_spec, shrink, to_sweep
+from fedsim.experiments.sweep import SPEC_FILE
 
 PAPERS = {  # paper -> (methods its full grid runs, trials of the full grid, trials with --quick)
     "fada": ({"fedavg", "feddann", "fedmmd", "fada"}, 11 * (4 + 6) * 3, 11 * 2),
@@ -277,7 +277,7 @@ def test_fada_quick_end_to_end_then_resume(tmp_path, ray_cluster, capsys):
 def test_round_curves_average_the_seeds_and_spread_by_their_sample_std():
     """The series plots' line is the mean over seeds and the shaded band +- the sample std (0 with one seed);
     a per-client metric (dil_loss/<client>) is first averaged over the clients of each round."""
-    from experiments.reproduce_plots import _by_round
+    from fedsim.experiments.reproduce_plots import _by_round
 
     seeds = [
         {

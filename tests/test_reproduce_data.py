@@ -3,10 +3,10 @@ checked before anything runs, and travels in the spec (so --resume reads the sam
 
 import pytest
 
-from experiments.cli import main
-from experiments.reproduce_data import DATA_DIR_VARIABLE, parse_data_roots, resolve_data_roots
-from experiments.reproduce_spec import PaperSpec, to_sweep
 from fedsim.errors import UserError
+from fedsim.experiments.cli import main
+from fedsim.experiments.reproduce_data import DATA_DIR_VARIABLE, parse_data_roots, resolve_data_roots
+from fedsim.experiments.reproduce_spec import PaperSpec, to_sweep
 
 
 def _spec(tmp_path, **benchmarks) -> PaperSpec:

@@ -11,11 +11,19 @@ from pathlib import Path
 
 import pytest
 
-from experiments.cli import build_parser, main
-from experiments.sweep_grid import point_key, spec_from_args
-from experiments.sweep_trial import TRIAL_CPUS, TrialPlan, TrialResources, TuneReport, flatten, plan_trial, summary_row
 from fedsim.config import load_config
 from fedsim.errors import UserError
+from fedsim.experiments.cli import build_parser, main
+from fedsim.experiments.sweep_grid import point_key, spec_from_args
+from fedsim.experiments.sweep_trial import (
+    TRIAL_CPUS,
+    TrialPlan,
+    TrialResources,
+    TuneReport,
+    flatten,
+    plan_trial,
+    summary_row,
+)
 
 
 def _flags(overrides, drop=()):

@@ -8,7 +8,7 @@ torchvision, only by the detection methods).
 Models of images hold their convolution weights channels-last (``torch.channels_last``), a layout the convolutions,
 batch norms and poolings after them keep: on this project's CPUs a local epoch takes 0.87-0.88x the time of torch's
 default layout for LeNet-5 and 0.71-0.75x for the small CNN, an evaluation pass 0.48-0.66x
-(``python -m experiments.benchmarks.layout``; docs/performance.md). The two layouts compute the same sums in
+(``python -m tools.benchmarks.layout``; docs/performance.md). The two layouts compute the same sums in
 another order. Weights leave a model C-ordered all the same (:func:`fedsim.methods.common.training.model_to_numpy`
 copies them) and keep the model's layout when loaded back.
 """

@@ -61,7 +61,7 @@ SERVER_HANDLE_METHODS = (
 
 
 class ServerHandle(Protocol):
-    """The server as the Simulator sees it; ``actors.server.RemoteServer`` forwards these to a Ray actor."""
+    """The server as the Simulator sees it; ``fedsim.actors.server.RemoteServer`` forwards these to a Ray actor."""
 
     def setup(self, first_round: int) -> None: ...
     def run_round(self, rnd: int, evaluate: bool) -> dict: ...
