@@ -12,7 +12,11 @@ from fedsim.api import run_experiment
 from fedsim.config import load_config
 from fedsim.data.scenario import build_federation, load_client_data
 from fedsim.errors import UserError
-from fedsim.losses.fada import (
+from fedsim.messages import Instruction
+from fedsim.methods.fada import FADA
+from fedsim.methods.fada.attention import apply_deltas, dynamic_attention, gap_statistic, softmax
+from fedsim.methods.fada.batches import batch_steps
+from fedsim.methods.fada.losses import (
     MINELoss,
     domain_accuracy,
     domain_confusion_loss,
@@ -21,11 +25,7 @@ from fedsim.losses.fada import (
     mine_lower_bound,
     reconstruction_loss,
 )
-from fedsim.messages import Instruction
-from fedsim.methods.common.attention import apply_deltas, dynamic_attention, gap_statistic, softmax
-from fedsim.methods.common.batches import batch_steps
-from fedsim.methods.fada import FADA
-from fedsim.models.fada_parts import preserved_buffers
+from fedsim.methods.fada.networks import preserved_buffers
 from fedsim.runtime import Server
 from fedsim.runtime.client_host import HOST_OPERATIONS, torch_threads
 from fedsim.seeding import derive_seed

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from fedsim.methods.common.attention import dynamic_attention, gap_statistic
+from fedsim.methods.fada.attention import dynamic_attention, gap_statistic
 
 CLASSES, PER_CLASS = 3, 30
 ROWS = CLASSES * PER_CLASS

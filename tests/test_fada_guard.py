@@ -9,11 +9,11 @@ from conftest import LabelGuard, RecordingExecutor
 from fedsim.config import load_config
 from fedsim.data.scenario import build_federation, load_client_data
 from fedsim.messages import Instruction
-from fedsim.methods.common.attention import apply_deltas
-from fedsim.methods.common.consensus_guard import consensus_guard, guard_inputs, softmax_rows
 from fedsim.methods.common.training import load_numpy, model_to_numpy
 from fedsim.methods.fada import FADA
-from fedsim.methods.families.fada_params import FADAParams
+from fedsim.methods.fada.attention import apply_deltas
+from fedsim.methods.fada.guard import consensus_guard, guard_inputs, softmax_rows
+from fedsim.methods.fada.params import FADAParams
 from fedsim.runtime import Server
 
 # ----------------------------------------------------------------------------- the pure guard on linear models

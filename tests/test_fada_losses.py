@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from fedsim.losses.fada import Disentanglement, MINELoss
-from fedsim.models.fada_parts import FADANet, SourceParts, branch
+from fedsim.methods.fada.losses import Disentanglement, MINELoss
+from fedsim.methods.fada.networks import FADANet, SourceParts, branch
 
 WIDTH, CLASSES = 8, 3
 
@@ -62,7 +62,7 @@ def test_the_disentanglement_stage_takes_dals_adam_unless_told_the_local_sgd():
     from types import SimpleNamespace
 
     from fedsim.methods.common.sgd import SGD
-    from fedsim.methods.families.fada_params import FADAParams
+    from fedsim.methods.fada.params import FADAParams
 
     params = [nn.Parameter(torch.zeros(2))]
     adam = FADAParams().disentangle_optimizers(None)(params)

@@ -20,7 +20,7 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
-from fedsim.methods.common.attention import apply_deltas, subset_rows
+from fedsim.methods.fada.attention import apply_deltas, subset_rows
 from fedsim.seeding import numpy_rng
 
 Weights = Mapping[str, np.ndarray]

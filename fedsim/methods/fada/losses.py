@@ -195,7 +195,7 @@ class Disentanglement:
 
     ``net`` has the invariant branch D_inv and the classifier C; ``parts`` the specific branch D_spec,
     the class identifier CI, the reconstructor R and the MINE statistics network T
-    (:class:`fedsim.models.fada_parts.SourceParts`). One optimizer per update, from ``make_optimizer``
+    (:class:`fedsim.methods.fada.networks.SourceParts`). One optimizer per update, from ``make_optimizer``
     (a list of parameters -> optimizer): ``classify`` (D_inv, C, D_spec, CI; + G_i), ``entropy`` (D_spec),
     ``disentangle`` (D_inv, D_spec, R); T has its own ``statistics_optimizer`` (Adam, kept across
     rounds; ``docs/fada.md``). D_i minimizes the positive part of the MI estimate: mutual information is never

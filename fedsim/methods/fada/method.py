@@ -1,6 +1,6 @@
 """FADA: Federated Adversarial Domain Adaptation (Peng, Huang, Zhu & Saenko, ICLR 2020, Alg. 1).
 
-Every client keeps its own model (:class:`fedsim.models.fada_parts.FADANet`: generator G, invariant
+Every client keeps its own model (:class:`fedsim.methods.fada.networks.FADANet`: generator G, invariant
 branch of the disentangler D, classifier C): sources G_i/C_i, the target G_t/C_t. A round runs the
 stages of Alg. 1 in its order, each one ``ctx.call``; the switches ``attention``, ``adversarial`` and
 ``disentangle`` give the paper's models I (attention), II (I + adversarial), III (II + disentangle):
@@ -16,13 +16,13 @@ stages of Alg. 1 in its order, each one ``ctx.call``; the switches ``attention``
    and f_di and f_ds rebuild G_i(x)); back-propagated into G_i (``disentangle_generator``; off: G_i fixed).
 4. ``update`` (target, Sec. 3.1, Eq. 1-2): attention a_i = softmax(gain of the sources' deltas Delta_i = w_i - w_t
    on the target's invariant features / temperature), by ``gap_form`` (uniform with ``attention`` off:
-   :mod:`fedsim.methods.common.attention`); w_t <- w_t + sum_i a_i Delta_i goes to the server, unless the
-   consensus guard (``guard``, fedsim's: :mod:`fedsim.methods.common.consensus_guard`) drops the round's alignment.
+   :mod:`fedsim.methods.fada.attention`); w_t <- w_t + sum_i a_i Delta_i goes to the server, unless the
+   consensus guard (``guard``, fedsim's: :mod:`fedsim.methods.fada.guard`) drops the round's alignment.
 
 Each client evaluates its own model; ``target_accuracy`` is G_t/C_t's. The target never reads
 ``train.y``; its batch-norm statistics change only through the sources' deltas. Parameters and their defaults'
-sources: :mod:`fedsim.methods.families.fada_params`; losses: :mod:`fedsim.losses.fada`; networks:
-:mod:`fedsim.models.fada_parts`; deviations: ``docs/fada.md``.
+sources: :mod:`fedsim.methods.fada.params`; losses: :mod:`fedsim.methods.fada.losses`; networks:
+:mod:`fedsim.methods.fada.networks`; deviations: ``docs/fada.md``.
 """
 
 from __future__ import annotations
@@ -36,13 +36,9 @@ import torch
 from fedsim.data.base import ClientData
 from fedsim.errors import UserError
 from fedsim.losses import dann_schedule
-from fedsim.losses.fada import AdversarialAlignment, Disentanglement, MINELoss
 from fedsim.messages import Instruction, Reply
 from fedsim.methods.base import Method, Replies, ServerState, client_operation
 from fedsim.methods.common.alignment import TARGET_FEATURES, encode_subset
-from fedsim.methods.common.attention import apply_deltas, delta_tensors, gather_deltas, split_deltas, weigh_sources
-from fedsim.methods.common.batches import labeled_batch, labeled_batches
-from fedsim.methods.common.consensus_guard import GUARD_METRICS, consensus_guard, guard_inputs
 from fedsim.methods.common.settings import LocalSettings
 from fedsim.methods.common.training import (
     encode_in_chunks,
@@ -52,9 +48,11 @@ from fedsim.methods.common.training import (
     model_to_numpy,
     train_epochs,
 )
-from fedsim.methods.families.fada_params import FADAParams
-from fedsim.models import build_model
-from fedsim.models.fada_parts import (
+from fedsim.methods.fada.attention import apply_deltas, delta_tensors, gather_deltas, split_deltas, weigh_sources
+from fedsim.methods.fada.batches import labeled_batch, labeled_batches
+from fedsim.methods.fada.guard import GUARD_METRICS, consensus_guard, guard_inputs
+from fedsim.methods.fada.losses import AdversarialAlignment, Disentanglement, MINELoss
+from fedsim.methods.fada.networks import (
     FADANet,
     SourceParts,
     align_generator,
@@ -62,6 +60,8 @@ from fedsim.models.fada_parts import (
     feature_width,
     preserved_buffers,
 )
+from fedsim.methods.fada.params import FADAParams
+from fedsim.models import build_model
 from fedsim.registry import METHODS
 from fedsim.seeding import derive_seed
 

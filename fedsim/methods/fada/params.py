@@ -7,7 +7,7 @@ weights ``lambda_adv``, ``lambda_mi``, ``lambda_recon`` and the constant schedul
 disentanglement and MINE FADA follows (Sec. 3.3). DAL's optimizer (Adam 2e-4, weight decay 5e-4, batch 128) is not
 taken for the local training, which stays FedAvg's so that the compute-matched controls compare like with like; it
 is taken for the disentanglement stage, where FedAvg's SGD let a source's features diverge (``docs/fada.md``).
-The consensus guard (``guard``) is fedsim's: :mod:`fedsim.methods.common.consensus_guard`.
+The consensus guard (``guard``) is fedsim's: :mod:`fedsim.methods.fada.guard`.
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fedsim.errors import UserError
-from fedsim.methods.common.attention import GAIN_FORMS
 from fedsim.methods.common.checks import check_params
-from fedsim.methods.common.consensus_guard import GUARDS
+from fedsim.methods.fada.attention import GAIN_FORMS
+from fedsim.methods.fada.guard import GUARDS
 from fedsim.validation import bare_off
 
 
