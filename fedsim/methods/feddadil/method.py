@@ -39,10 +39,10 @@ from fedsim.messages import Instruction, Reply
 from fedsim.methods.base import ServerState, client_operation
 from fedsim.methods.common import dictionary as dil
 from fedsim.methods.common import dictionary_sampling as sampling
-from fedsim.methods.common.dictionary_aggregation import aggregate_versions
 from fedsim.methods.common.dictionary_predictors import evaluate_predictors
 from fedsim.methods.common.settings import LocalSettings
 from fedsim.methods.families.dictionary import DictionaryMethod
+from fedsim.methods.feddadil.aggregation import aggregate_versions
 from fedsim.registry import METHODS
 from fedsim.seeding import derive_seed
 
