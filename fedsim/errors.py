@@ -23,6 +23,7 @@ class NumericalError(UserError, ValueError):
     """
 
     FIELDS = ("quantity", "detail", "hint", "method", "round", "client", "checkpoint")
+    """The names of ``args``, in order: each is also an attribute (``error.round``)."""
 
     def __init__(
         self,

@@ -36,10 +36,12 @@ def derive_seed(root: int, *parts) -> int:
 
 
 def numpy_rng(root: int, *parts) -> np.random.Generator:
+    """A numpy generator seeded with :func:`derive_seed` ``(root, *parts)``."""
     return np.random.default_rng(derive_seed(root, *parts))
 
 
 def torch_generator(root: int, *parts) -> torch.Generator:
+    """A torch (CPU) generator seeded with :func:`derive_seed` ``(root, *parts)``."""
     import torch
 
     generator = torch.Generator()
