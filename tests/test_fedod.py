@@ -11,7 +11,7 @@ from fedsim.api import run_experiment
 from fedsim.config import load_config
 from fedsim.data.scenario import build_federation, load_client_data
 from fedsim.errors import UserError
-from fedsim.losses.distillation import channel_wise_distillation, multi_teacher_loss
+from fedsim.methods.fedod.distillation import channel_wise_distillation, multi_teacher_loss
 from fedsim.models.detector import DetectorSpec, build_detector, head_keys, save_weights
 from fedsim.models.normalization import bn_keys
 from fedsim.registry import METHODS

@@ -31,7 +31,7 @@ The server holds a large labeled set (hosted on the *server host*, see
    fine-tune of the final global model; NMS, soft-NMS and NMW are reported next to it.
 
 
-``mode`` gives the paper's baselines as configurations of this file:
+``mode`` gives the paper's baselines as configurations of this method:
 ``baseline1`` = the base model alone (no rounds of training after the base stage);
 ``baseline2`` = the base model ensembled with each client's fine-tune of it (rounds of
 client fine-tuning from w_b, no distillation: w_g stays w_b).
@@ -44,27 +44,27 @@ gains over the rounds), ``wi_final`` (w_i^(R+1), fedod) and ``ens_wbf``, ``ens_n
 whose w_i are always fine-tunes of w_b). Other fusion settings can be scored on the same models in the same
 evaluation: ``variant_confs`` adds ``ens_wbf_<conf>`` (WBF with that fused score),
 ``variant_weights`` (pairs g, p) adds ``ens_<fusion>_w<g>_<p>`` for every fusion.
+
+Parameters and their defaults' sources: :mod:`fedsim.methods.fedod.params`; the distillation loss:
+:mod:`fedsim.methods.fedod.distillation`; deviations: ``docs/fedod.md``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 from fedsim.data.base import ClientData
-from fedsim.detection.fusion import CONF_TYPES
 from fedsim.detection.fusion import METHODS as FUSIONS
-from fedsim.errors import UserError
-from fedsim.losses.distillation import multi_teacher_loss
 from fedsim.messages import Instruction, Reply
 from fedsim.methods.base import ServerState, client_operation
 from fedsim.methods.common.aggregation import weighted_average
 from fedsim.methods.common.detection_eval import Family, Weights, prefixed, with_prefix
 from fedsim.methods.common.training import load_numpy, model_to_numpy
-from fedsim.methods.families.detection import DetectionMethod, DetectionParams
+from fedsim.methods.families.detection import DetectionMethod
+from fedsim.methods.fedod.distillation import multi_teacher_loss
+from fedsim.methods.fedod.params import FedODParams
 from fedsim.registry import METHODS
 
-MODES = ("fedod", "baseline1", "baseline2")
 #: a client's own slot -> the name under which the server host keeps the same model (``<name>@<client>``)
 SERVER_SLOT = {"personal": "teacher", "first": "first", "final": "final"}
 
@@ -81,51 +81,7 @@ class FedOD(DetectionMethod):
     # defaults under the YAML and --set values (3 rounds as in the paper; the detector's step size)
     config_defaults = {"run": {"rounds": 3}, "method": {"lr": 0.02, "batch_size": 16, "weight_decay": 1e-4}}
 
-    @dataclass(frozen=True)
-    class Params(DetectionParams):
-        mode: str = "fedod"  # fedod, baseline1 (w_b alone), baseline2 (w_b ensembled with client fine-tunes of it)
-        distill_iters: int = 100  # student steps on the server's data per round (a cost rule)
-        # T of the channel-wise distillation: CWD's segmentation T, a deviation (its detection code: 1; docs/fedod.md)
-        temperature: float = 4.0
-        lambda_det: float = 1.0  # detection loss on the server's labels
-        # CWD summed over the pyramid levels: a rule on the server's data (CWD's detection code: 5 per level)
-        lambda_feat: float = 0.1
-        lambda_cls: float = 1.0  # CWD on the classification maps
-        lambda_reg: float = 1.0  # L2 on the regression maps
-        fusion_weights: tuple[float, ...] = (1.0, 1.0)  # (global, personal) model weights of the ensemble
-        fusion_iou: float = 0.55  # IoU at which boxes are fused / suppressed (ensemble-boxes' default)
-        skip_box_thr: float = 0.0  # boxes below this score are ignored by the fusion (ensemble-boxes' default)
-        # WBF's fused score: avg (ensemble-boxes' default), max, box_and_model_avg, absent_model_aware_avg
-        fusion_conf: str = "avg"
-        variant_confs: tuple[str, ...] = ()  # more WBF fused scores scored in the last round (ens_wbf_<conf>)
-        variant_weights: tuple[float, ...] = ()  # more (global, personal) weight pairs, flat (ens_<fusion>_w<g>_<p>)
-
-        def __post_init__(self):
-            super().__post_init__()
-            if self.mode not in MODES:
-                raise UserError(f"method.mode must be one of {', '.join(MODES)}, got {self.mode!r}")
-            if self.distill_iters < 0 or self.temperature <= 0:
-                raise UserError(
-                    f"method.distill_iters must be 0 or more and method.temperature positive, got "
-                    f"{self.distill_iters} and {self.temperature}"
-                )
-            if min(self.lambda_det, self.lambda_feat, self.lambda_cls, self.lambda_reg) < 0:
-                raise UserError("method.lambda_det, lambda_feat, lambda_cls and lambda_reg must be 0 or more")
-            pairs = [self.fusion_weights] + [
-                self.variant_weights[i : i + 2] for i in range(0, len(self.variant_weights), 2)
-            ]
-            if any(len(w) != 2 or min(w) < 0 or sum(w) <= 0 for w in pairs):
-                raise UserError(
-                    f"method.fusion_weights and variant_weights must be pairs of non-negative weights (global, "
-                    f"personal), got {self.fusion_weights} and {self.variant_weights}"
-                )
-            if not 0 < self.fusion_iou <= 1:
-                raise UserError(f"method.fusion_iou must lie in (0, 1], got {self.fusion_iou}")
-            for conf in (self.fusion_conf, *self.variant_confs):
-                if conf not in CONF_TYPES:
-                    raise UserError(
-                        f"method.fusion_conf and variant_confs must be among {', '.join(CONF_TYPES)}, got {conf!r}"
-                    )
+    Params = FedODParams
 
     # ---- server half ------------------------------------------------------
     def run_round(self, ctx, state: ServerState) -> tuple[ServerState, dict]:
