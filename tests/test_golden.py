@@ -1,9 +1,9 @@
 """Every registered method gives the numbers recorded in tests/golden/summaries.json on its tiny fixed-seed case.
 
-The record holds both backends (``python -m fedsim.experiments.golden record``); the Ray half is compared with the local
+The record holds both backends (``python -m tools.golden record``); the Ray half is compared with the local
 half by tests/test_backends.py and by the golden check itself, so this test runs the local backend only: a
 refactoring that changes a metric, a round's history or the final global model fails here. Floats match within
-the rounding that separates two CPUs (``fedsim.experiments.golden.RTOL``/``ATOL``); the record's two halves, made on one
+the rounding that separates two CPUs (``tools.golden.RTOL``/``ATOL``); the record's two halves, made on one
 machine, match bit for bit.
 """
 
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from fedsim.experiments.golden import CASES, differences, record_case
+from tools.golden import CASES, differences, record_case
 
 RECORD = Path(__file__).parent / "golden" / "summaries.json"
 SLOW_KINDS = {"scenes"}  # the detection cases build FCOS models: covered by tests/test_fedod.py's runs
