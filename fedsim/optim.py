@@ -1,15 +1,15 @@
-"""Stochastic gradient descent with momentum and weight decay, computed as ``torch.optim.SGD`` computes it.
+"""The optimizer of every local update: stochastic gradient descent with momentum and weight decay, computed as
+``torch.optim.SGD`` computes it.
 
 The update is ``torch.optim.SGD``'s per-tensor one (what it runs on the CPU; no dampening, no Nesterov): for each
 parameter ``g = grad + weight_decay * p``; the momentum buffer starts as a copy of ``g`` and is then
 ``b = momentum * b + g``; ``p -= lr * b`` (``p -= lr * g`` without momentum). The same tensor operations in the same
 order, so the weights are the same bits (``tests/test_sgd.py``).
 
-Why not ``torch.optim.SGD`` itself: ``torch.optim.Optimizer`` imports ``torch._dynamo`` on its first parameter
-group and step, about 1 s of CPU in every process that trains (each Ray client actor, each Tune trial's actors),
-measured in ``docs/performance.md``. This class keeps the part of its interface the methods use: ``param_groups``
-(dicts with ``params``, ``lr``, ``momentum``, ``weight_decay``; a group may set its own), ``defaults``,
-``state`` (parameter -> ``{"momentum_buffer": tensor}``), ``zero_grad`` and ``step``.
+:class:`SGD` does not derive from ``torch.optim.Optimizer``, whose first parameter group and step import
+``torch._dynamo`` in every process that trains (docs/performance.md). It keeps the part of that interface the
+methods use: ``param_groups`` (dicts with ``params``, ``lr``, ``momentum``, ``weight_decay``; a group may set its
+own), ``defaults``, ``state`` (parameter -> ``{"momentum_buffer": tensor}``), ``zero_grad`` and ``step``.
 """
 
 from __future__ import annotations

@@ -76,68 +76,132 @@ def test_no_underscore_module_is_imported_from_another_package():
     assert not offenders, offenders
 
 
-FLOORS = ("common", "families")
-
-
-def _floor_modules(package: str) -> list[Path]:
-    return sorted((ROOT / "fedsim" / "methods" / package).rglob("*.py"))
-
-
-def _absolute_imports(text: str, module: str, is_package: bool = False) -> set[str]:
-    """Every module the source ``text`` of ``module`` imports, relative imports (``from .. import x`` too) made
-    absolute."""
-    package = module.split(".") if is_package else module.split(".")[:-1]
-    found = set()
-    for node in ast.walk(ast.parse(text)):
-        if isinstance(node, ast.Import):
-            found.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            anchor = package[: len(package) - node.level + 1] if node.level else []
-            base = ".".join(anchor + ([node.module] if node.module else []))
-            found.add(base)
-            found.update(f"{base}.{alias.name}" for alias in node.names)
-    return found
-
-
-def _concrete_method_imports(imported: set[str], concrete: set[str]) -> list[str]:
-    """The modules ``fedsim.methods.<name>`` among ``imported`` whose ``name`` is in ``concrete``."""
-    found = set()
-    for name in imported:
-        parts = name.split(".")
-        if parts[:2] == ["fedsim", "methods"] and len(parts) > 2 and parts[2] in concrete:
-            found.add(".".join(parts[:3]))
-    return sorted(found)
-
-
 METHODS_DIR = ROOT / "fedsim" / "methods"
 #: the names at the top of ``fedsim/methods``: a method's module, or the package of a method with parts of its own
 TOP = {p.stem for p in METHODS_DIR.glob("*.py")} | {p.parent.name for p in METHODS_DIR.glob("*/__init__.py")}
-CONCRETE = TOP - {"__init__", "base", *FLOORS}
+CONCRETE = TOP - {"__init__", "base", "common", "families"}
 
-
-@pytest.mark.parametrize(
-    "path", [p for floor in FLOORS for p in _floor_modules(floor)], ids=lambda p: str(p.relative_to(ROOT))
+#: fedsim's floors, the ground first; each floor holds rooms (a module, or a package and everything under it). A module
+#: imports its own floor and the floors below, never one above; the toolkits' rooms never import each other (losses
+#: and models stand apart), and a concrete method is imported by concrete methods only (the registry finds it by name).
+FLOORS = (
+    ("ground", ("fedsim.errors", "fedsim.seeding", "fedsim.messages", "fedsim.optim")),
+    ("library", ("fedsim.registry", "fedsim.discovery", "fedsim.validation", "fedsim.config", "fedsim.data")),
+    ("toolkits", ("fedsim.ot", "fedsim.detection", "fedsim.models", "fedsim.losses")),
+    ("method pieces", ("fedsim.methods.common",)),
+    ("method interface", ("fedsim.methods", "fedsim.methods.base")),
+    ("method families", ("fedsim.methods.families",)),
+    ("methods", tuple(f"fedsim.methods.{name}" for name in sorted(CONCRETE))),
+    ("runtime", ("fedsim.runtime",)),
+    ("entry", ("fedsim", "fedsim.api")),
 )
-def test_common_and_families_never_import_a_concrete_method(path):
-    """The shared floors are built from base and common pieces: a concrete method is never their dependency."""
-    imported = _absolute_imports(path.read_text(), _module_name(path), path.name == "__init__.py")
-    offenders = _concrete_method_imports(imported, CONCRETE)
-    assert not offenders, f"{path.relative_to(ROOT)} imports the concrete method module(s) {offenders}"
+APART = {"toolkits"}
+FLOOR_OF = {room: level for level, (_, rooms) in enumerate(FLOORS) for room in rooms}
+PACKAGE_FACES = {"fedsim", "fedsim.methods"}  # rooms that are the package's own module only, not what lies under it
 
 
-def test_the_floor_check_sees_absolute_and_relative_imports():
-    text = (
-        "from fedsim.methods.fedavg import FedAvg\nfrom ..fedbn import split\nfrom .. import fedprox\n"
-        "from . import batches\nfrom fedsim.methods.base import Method\nimport fedsim.methods.fedrep\n"
-    )
-    imported = _absolute_imports(text, "fedsim.methods.common.sample")
-    offenders = _concrete_method_imports(imported, {"fedavg", "fedbn", "fedprox", "fedrep"})
-    assert offenders == [
-        "fedsim.methods.fedavg",
-        "fedsim.methods.fedbn",
-        "fedsim.methods.fedprox",
-        "fedsim.methods.fedrep",
+def _dotted(path: Path) -> str:
+    """The import name of a source file (a package's ``__init__.py`` is the package)."""
+    name = _module_name(path)
+    return name[: -len(".__init__")] if name.endswith(".__init__") else name
+
+
+def _room(name: str):
+    """The room of the dotted module ``name`` (the longest room that holds it), or None."""
+    parts = name.split(".")
+    for n in range(len(parts), 0, -1):
+        prefix = ".".join(parts[:n])
+        if prefix in FLOOR_OF and (n == len(parts) or prefix not in PACKAGE_FACES):
+            return prefix
+    return None
+
+
+def _as_module(name: str) -> str:
+    """``name`` cut to the longest prefix that is a module or package of fedsim (``a.b.Name`` -> ``a.b``)."""
+    parts = name.split(".")
+    while len(parts) > 1:
+        path = ROOT.joinpath(*parts)
+        if path.with_suffix(".py").is_file() or (path / "__init__.py").is_file():
+            break
+        parts.pop()
+    return ".".join(parts)
+
+
+def _imported_fedsim_modules(text: str, module: str, is_package: bool) -> set[str]:
+    """The fedsim modules that the source ``text`` of ``module`` imports, relative imports made absolute (lazy and
+    type-checking imports count too: they are dependencies all the same)."""
+    package = module.split(".") if is_package else module.split(".")[:-1]
+    names = set()
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            anchor = package[: len(package) - node.level + 1] if node.level else []
+            base = ".".join(anchor + ([node.module] if node.module else []))
+            names.update(f"{base}.{alias.name}" for alias in node.names)
+    return {_as_module(name) for name in names if name.split(".")[0] == "fedsim"}
+
+
+def _upward_imports(module: str, text: str, is_package: bool = False) -> list[str]:
+    """Why each import of ``module`` breaks the floors: it runs up, crosses the toolkits' floor, reaches a concrete
+    method from outside the methods, or leaves the library."""
+    here = _room(module)
+    offences = []
+    for imported in sorted(_imported_fedsim_modules(text, module, is_package)):
+        there = _room(imported)
+        if there is None:
+            offences.append(f"{module} imports {imported}, which stands on no floor")
+        elif there == here:
+            continue
+        elif FLOOR_OF[there] > FLOOR_OF[here]:
+            offences.append(f"{module} imports {imported} from the floor above ({FLOORS[FLOOR_OF[there]][0]})")
+        elif FLOOR_OF[there] == FLOOR_OF[here] and FLOORS[FLOOR_OF[here]][0] in APART:
+            offences.append(f"{module} imports {imported}: the {FLOORS[FLOOR_OF[here]][0]} stand apart")
+        elif FLOORS[FLOOR_OF[there]][0] == "methods" and FLOORS[FLOOR_OF[here]][0] != "methods":
+            offences.append(f"{module} imports the concrete method {imported}: only the registry names one")
+    return offences
+
+
+FEDSIM_SOURCES = sorted((ROOT / "fedsim").rglob("*.py"))
+
+
+def test_every_module_of_fedsim_stands_on_a_floor():
+    homeless = [_dotted(p) for p in FEDSIM_SOURCES if _room(_dotted(p)) is None]
+    assert not homeless, f"modules on no floor (add them to FLOORS in {Path(__file__).name}): {homeless}"
+
+
+@pytest.mark.parametrize("path", FEDSIM_SOURCES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_no_import_runs_up_the_floors(path):
+    if _room(_dotted(path)) is None:
+        pytest.skip("on no floor: test_every_module_of_fedsim_stands_on_a_floor fails")
+    offences = _upward_imports(_dotted(path), path.read_text(), path.name == "__init__.py")
+    assert not offences, offences
+
+
+def test_the_floor_check_sees_every_kind_of_offence():
+    losses = "from fedsim.models.detector import Detector\nfrom fedsim.methods.common import training\n"
+    assert _upward_imports("fedsim.losses.sample", losses + "from fedsim.optim import SGD\n") == [
+        "fedsim.losses.sample imports fedsim.methods.common.training from the floor above (method pieces)",
+        "fedsim.losses.sample imports fedsim.models.detector: the toolkits stand apart",
     ]
+    common = (
+        "from ..fedbn import split\nfrom .. import fedprox\nfrom . import training\nimport fedsim.methods.fedrep\n"
+        "from fedsim.methods.base import Method\n"
+    )
+    assert [o.split(" imports ")[1] for o in _upward_imports("fedsim.methods.common.sample", common)] == [
+        "fedsim.methods.base from the floor above (method interface)",
+        "fedsim.methods.fedbn from the floor above (methods)",
+        "fedsim.methods.fedprox from the floor above (methods)",
+        "fedsim.methods.fedrep from the floor above (methods)",
+    ]
+    assert _upward_imports("fedsim.methods.base", "from fedsim.runtime.server import Server\n") == [
+        "fedsim.methods.base imports fedsim.runtime.server from the floor above (runtime)"
+    ]
+    runtime = "from fedsim.methods.fedavg import FedAvg\nfrom fedsim.methods.common.vectorized import ClientJob\n"
+    assert _upward_imports("fedsim.runtime.sample", runtime) == [
+        "fedsim.runtime.sample imports the concrete method fedsim.methods.fedavg: only the registry names one"
+    ]
+    assert _upward_imports("fedsim.methods.fedbn", "from fedsim.methods.fedavg import FedAvg\n") == []
 
 
 def test_only_registered_methods_sit_at_the_top_of_methods():

@@ -61,8 +61,8 @@ def test_the_disentanglement_stage_takes_dals_adam_unless_told_the_local_sgd():
     gives the local training's SGD (lr, momentum and weight decay of the method section)."""
     from types import SimpleNamespace
 
-    from fedsim.methods.common.sgd import SGD
     from fedsim.methods.fada.params import FADAParams
+    from fedsim.optim import SGD
 
     params = [nn.Parameter(torch.zeros(2))]
     adam = FADAParams().disentangle_optimizers(None)(params)

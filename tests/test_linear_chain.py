@@ -8,8 +8,8 @@ import torch
 from torch import nn
 
 from fedsim.methods.common.linear_chain import ChainLayer, chain_of, chain_sgd_step
-from fedsim.methods.common.sgd import SGD
 from fedsim.models.mlp import mlp
+from fedsim.optim import SGD
 
 
 class Residual(nn.Module):

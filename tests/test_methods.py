@@ -10,7 +10,7 @@ from fedsim.data.scenario import ClientInfo, Federation, build_federation, load_
 from fedsim.messages import Reply
 from fedsim.methods.base import Method
 from fedsim.methods.common.aggregation import weighted_average
-from fedsim.methods.common.sgd import SGD
+from fedsim.optim import SGD
 from fedsim.registry import METHODS
 from fedsim.runtime import Server
 from fedsim.runtime.context import RoundContext

@@ -6,7 +6,7 @@ import sys
 import pytest
 import torch
 
-from fedsim.methods.common.sgd import SGD
+from fedsim.optim import SGD
 
 
 def model_and_batches(seed: int):

@@ -28,6 +28,7 @@ from fedsim.config import ExperimentConfig, NoParams
 from fedsim.data.base import ClientData
 from fedsim.data.scenario import Federation
 from fedsim.messages import Instruction, Reply, Tensors
+from fedsim.methods.common.evaluation import summarize_evaluation
 from fedsim.methods.common.settings import LocalSettings
 from fedsim.seeding import derive_seed
 
@@ -60,9 +61,9 @@ class Method:
     #: carry inputs, which the privacy contract test otherwise forbids
     centralized: ClassVar[bool] = False
     #: False when the server half (``run_round``, ``aggregate``, evaluation summaries) is numpy only, as FedAvg's
-    #: weighted mean: on Ray the server actor then never imports torch (about 150 MB and a second of start-up;
-    #: its ``init_server`` state, the seeded initial model, is computed in a client actor and handed over, as
-    #: Flower asks one client for the initial parameters). Declared by each class itself, never inherited:
+    #: weighted mean: on Ray the server actor then never imports torch (its ``init_server`` state, the seeded
+    #: initial model, is computed in a client actor and handed over, as Flower asks one client for the initial
+    #: parameters). Declared by each class itself, never inherited:
     #: a subclass that does not declare it gets True, so new server-side torch work cannot run unprepared.
     server_needs_torch: ClassVar[bool] = True
     #: config values this method changes from the library's defaults, per section (e.g. FedOD's 3 rounds);
@@ -158,8 +159,6 @@ class Method:
 
     def summarize_evaluation(self, rnd: int, replies: Replies) -> dict:
         """Evaluation replies -> round metrics (default: pooled accuracy per domain; detection overrides it)."""
-        from fedsim.runtime.server import summarize_evaluation
-
         return summarize_evaluation(self.federation, replies)
 
     def global_tensors(self, state: ServerState) -> dict:

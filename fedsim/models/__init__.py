@@ -6,11 +6,10 @@ files are imported on demand by the registry (the detector, which needs
 torchvision, only by the detection methods).
 
 Models of images hold their convolution weights channels-last (``torch.channels_last``), a layout the convolutions,
-batch norms and poolings after them keep: on this project's CPUs a local epoch takes 0.87-0.88x the time of torch's
-default layout for LeNet-5 and 0.71-0.75x for the small CNN, an evaluation pass 0.48-0.66x
-(``python -m tools.benchmarks.layout``; docs/performance.md). The two layouts compute the same sums in
-another order. Weights leave a model C-ordered all the same (:func:`fedsim.methods.common.training.model_to_numpy`
-copies them) and keep the model's layout when loaded back.
+batch norms and poolings after them keep and the CPU kernels run faster than torch's default one
+(``python -m tools.benchmarks.layout`` compares the two). The two layouts compute the same sums in another order.
+Weights leave a model C-ordered all the same (the methods send numpy copies of its state dict) and keep the model's
+layout when loaded back.
 """
 
 from __future__ import annotations

@@ -215,8 +215,7 @@ def load_weights(model: nn.Module, path) -> None:
 
 def build_detector(spec: DetectorSpec, seed: Optional[int] = None) -> Detector:
     """A detector with seeded random initialization (``seed``), or the weights of ``spec.weights``; its
-    convolution weights channels-last, as :func:`fedsim.models.build_model` holds a classifier's (a training step
-    takes 0.87x the time of torch's default layout on this CPU: ``python -m tools.benchmarks.layout``)."""
+    convolution weights channels-last, as :func:`fedsim.models.build_model` holds a classifier's."""
     if seed is not None:
         torch.manual_seed(seed)
     model = Detector(spec)

@@ -124,8 +124,8 @@ def transport_plan(
 
     "emd": exact network simplex (``ot.emd``); with uniform weights on two equal-sized supports (both ``a`` and
     ``b`` None: DaDiL's mini-batches and atoms) the same linear program is an assignment problem, whose optimum
-    is a permutation (Birkhoff-von Neumann), solved exactly by scipy's ``linear_sum_assignment`` about 2-4 times
-    faster (:func:`assignment_plan`). "sinkhorn" / "sinkhorn_log":
+    is a permutation (Birkhoff-von Neumann), solved exactly and in less time by scipy's ``linear_sum_assignment``
+    (:func:`assignment_plan`). "sinkhorn" / "sinkhorn_log":
     entropic OT (Cuturi 2013) via ``ot.sinkhorn(..., method=solver)``, on
     C / max(C) when ``normalize_cost`` so ``reg`` is scale-free, at most
     ``max_iter`` Sinkhorn iterations (POT warns if it stops unconverged). The solve runs

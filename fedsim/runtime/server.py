@@ -11,7 +11,6 @@ import numpy as np
 
 from fedsim.data.scenario import Federation
 from fedsim.errors import NumericalError, unwrapped
-from fedsim.messages import Reply
 from fedsim.runtime.context import RoundContext
 from fedsim.runtime.numerics import check_tensors
 
@@ -21,31 +20,6 @@ from fedsim.runtime.numerics import check_tensors
 SERVER_THREADS = 1
 
 log = logging.getLogger(__name__)
-
-
-def summarize_evaluation(federation: Federation, replies: dict[int, Reply]) -> dict:
-    """Pool correct/total counts per domain: target accuracy and per-domain source accuracy.
-
-    A method reporting several predictors sends ``correct_<name>`` next to
-    ``correct``; they become ``target_accuracy_<name>`` and ``source_accuracy_<name>``.
-    """
-    variants = sorted({k[len("correct_") :] for r in replies.values() for k in r.metrics if k.startswith("correct_")})
-    metrics: dict = {}
-    for suffix in [""] + [f"_{v}" for v in variants]:
-        correct: dict[str, float] = {}
-        total: dict[str, float] = {}
-        for cid, reply in replies.items():
-            domain = federation.info(cid).domain
-            correct[domain] = correct.get(domain, 0.0) + reply.metrics[f"correct{suffix}"]
-            total[domain] = total.get(domain, 0.0) + reply.metrics["total"]
-        accuracy = {d: correct[d] / total[d] for d in correct if total[d] > 0}
-        sources = {d: accuracy[d] for d in federation.source_domains if d in accuracy}
-        metrics[f"source_accuracy{suffix}"] = sources
-        if sources:
-            metrics[f"mean_source_accuracy{suffix}"] = float(np.mean(list(sources.values())))
-        if federation.target in accuracy:
-            metrics[f"target_accuracy{suffix}"] = accuracy[federation.target]
-    return metrics
 
 
 #: what the Simulator calls on a server, wherever it runs (a Server here, a Ray actor behind a forwarding proxy)

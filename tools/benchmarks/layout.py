@@ -24,9 +24,9 @@ import numpy as np
 import torch
 
 from fedsim.data.base import ArraySplit
-from fedsim.methods.common.sgd import SGD
 from fedsim.methods.common.training import CHUNK, train_epochs
 from fedsim.models import build_model
+from fedsim.optim import SGD
 from tools.benchmarks.measure import machine
 
 CASES = {

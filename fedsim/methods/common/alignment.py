@@ -7,7 +7,7 @@ learning rate anneals as mu_0 / (1 + 10 p)^0.75, p the training progress in [0, 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable, Optional
+from typing import Callable, Optional
 
 import numpy as np
 import torch
@@ -15,10 +15,8 @@ from torch import nn
 
 from fedsim.losses import DomainLoss
 from fedsim.methods.common.training import CHUNK, encode_in_chunks, make_optimizer
+from fedsim.optim import Optimizer
 from fedsim.seeding import numpy_rng
-
-if TYPE_CHECKING:
-    from fedsim.methods.common.sgd import Optimizer
 
 TARGET_FEATURES = "target_features"  # payload key of the target features in the sources' fit instruction
 SCHEDULES = ("dann", "constant")  # lambda ramp and learning-rate annealing: Ganin et al.'s, or none

@@ -11,15 +11,13 @@ gradient norm is clipped. The optimizer is the one SGD factory of
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import numpy as np
 import torch
 
-if TYPE_CHECKING:
-    from fedsim.methods.common.sgd import Optimizer
-
 from fedsim.models.detector import Detector
+from fedsim.optim import Optimizer
 
 ExtraLoss = Callable[[torch.Tensor, dict], torch.Tensor]
 

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from fedsim.data.base import ArraySplit
-from fedsim.methods.common.sgd import SGD, Optimizer
+from fedsim.optim import SGD, Optimizer
 
 #: rows per forward pass when a whole split is encoded or evaluated without gradients (bounds memory)
 CHUNK = 512
@@ -29,7 +29,7 @@ def load_numpy(model: nn.Module, tensors: Mapping[str, np.ndarray], strict: bool
 
 def make_optimizer(model_or_params, method_config, lr: Optional[float] = None) -> SGD:
     """SGD with the method section's momentum and weight decay (``lr`` overrides ``method.lr``): the update of
-    ``torch.optim.SGD``, without its import of ``torch._dynamo`` (:mod:`fedsim.methods.common.sgd`)."""
+    ``torch.optim.SGD``, without its import of ``torch._dynamo`` (:mod:`fedsim.optim`)."""
     params = model_or_params.parameters() if isinstance(model_or_params, nn.Module) else model_or_params
     return SGD(
         params,

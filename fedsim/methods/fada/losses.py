@@ -22,15 +22,14 @@ updates of Sec. 3.3 on one batch of generator features.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
 import numpy as np
 import torch
 from torch import nn
 from torch.nn import functional as F
 
-if TYPE_CHECKING:
-    from fedsim.methods.common.sgd import Optimizer
+from fedsim.optim import Optimizer
 
 
 def domain_identifier_loss(source_logits: torch.Tensor, target_logits: torch.Tensor) -> torch.Tensor:

@@ -17,7 +17,7 @@ features) and the domain identifier DI (source vs target features), the
 from __future__ import annotations
 
 import contextlib
-from typing import TYPE_CHECKING, Iterator, Mapping
+from typing import Iterator, Mapping
 
 import numpy as np
 import torch
@@ -25,10 +25,8 @@ from torch import nn
 
 from fedsim.losses.dann import DomainDiscriminator
 from fedsim.models.classifier import Classifier
+from fedsim.optim import Optimizer
 from fedsim.seeding import numpy_rng
-
-if TYPE_CHECKING:
-    from fedsim.methods.common.sgd import Optimizer
 
 
 def branch(in_features: int, out_features: int) -> nn.Sequential:
