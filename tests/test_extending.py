@@ -1,0 +1,116 @@
+"""docs/extending.md as written: its blocks, saved as the package ``mypkg``, run through fedsim.
+
+The method, the benchmark and the model are found by their dotted paths (the package importable) and, through
+the entry points of the page's pyproject.toml, by their short names on the command line.
+"""
+
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PAGE = (ROOT / "docs" / "extending.md").read_text()
+MODULES = {"methods": "method", "data": "data", "nets": "nets"}  # mypkg/<module>.py <- the page's block
+
+
+def example(name: str) -> str:
+    match = re.search(rf"<!-- extending-example: {name} -->\n```\w+\n(.*?)```", PAGE, re.S)
+    assert match, f"docs/extending.md has no example {name!r}"
+    return match.group(1)
+
+
+def write_package(root: Path) -> Path:
+    """The page's package: pyproject.toml, mypkg/__init__.py and one module per block."""
+    (root / "mypkg").mkdir(parents=True)
+    (root / "pyproject.toml").write_text(example("pyproject"))
+    (root / "mypkg" / "__init__.py").write_text("")
+    for module, block in MODULES.items():
+        (root / "mypkg" / f"{module}.py").write_text(example(block))
+    return root
+
+
+def write_entry_points(root: Path) -> None:
+    """What installing the package records: its entry points, in a dist-info folder beside it on the path."""
+    project = tomllib.loads(example("pyproject"))["project"]
+    info = root / f"{project['name']}-{project['version']}.dist-info"
+    info.mkdir()
+    info.joinpath("METADATA").write_text(
+        f"Metadata-Version: 2.1\nName: {project['name']}\nVersion: {project['version']}\n"
+    )
+    groups = [
+        f"[{group}]\n" + "".join(f"{k} = {v}\n" for k, v in entries.items())
+        for group, entries in project["entry-points"].items()
+    ]
+    info.joinpath("entry_points.txt").write_text("\n".join(groups))
+
+
+@pytest.fixture
+def package(tmp_path, monkeypatch):
+    root = write_package(tmp_path / "mypkg")
+    monkeypatch.syspath_prepend(str(root))
+    yield root
+    for name in [m for m in sys.modules if m == "mypkg" or m.startswith("mypkg.")]:
+        del sys.modules[name]
+
+
+def test_the_method_example_is_short_and_complete(package):
+    code = example("method")
+    assert len([line for line in code.splitlines() if line.strip()]) < 45  # a complete method, formatted
+    from mypkg.methods import FedAvgM
+
+    assert FedAvgM.operations == {"fit", "evaluate"}
+    assert FedAvgM.Params().beta == 0.9
+
+
+def test_the_run_example_runs_the_three_by_their_dotted_paths(package, capsys):
+    exec(compile(example("run"), "docs/extending.md:run", "exec"), {})
+    accuracy, sources = capsys.readouterr().out.splitlines()[0].split(" ", 1)
+    assert 0.5 < float(accuracy) <= 1.0  # three classes: above chance
+    assert "d1" in sources and "d2" in sources and "d0" not in sources  # the default target, d0
+
+
+def test_the_benchmark_options_are_checked(package):
+    import fedsim
+    from fedsim.errors import UserError
+
+    with pytest.raises(UserError, match="data.domains must be 2 or more"):
+        fedsim.run(method="fedavg", benchmark="mypkg.data:Blobs", rounds=1, set={"data.domains": 1})
+
+
+def test_the_yaml_example_names_them_as_the_command_line_does(package, tmp_path):
+    import fedsim
+
+    text = re.search(r"```yaml\n(.*?)```", PAGE, re.S).group(1)
+    (tmp_path / "my.yaml").write_text(text)
+    config = fedsim.make_config(tmp_path / "my.yaml")
+    assert config.method.params.beta == 0.5 and config.run.rounds == 5
+
+
+def _fedsim(args: list[str], root: Path, cwd: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
+    command = [sys.executable, "-m", "fedsim.experiments.cli", *args]
+    return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+
+
+def test_the_command_line_example_runs_by_entry_points_and_dotted_paths(tmp_path):
+    root = write_package(tmp_path / "mypkg")
+    write_entry_points(root)
+    lines = [shlex.split(line, comments=True) for line in example("cli").splitlines() if line.strip()]
+    assert all(words[0] == "fedsim" for words in lines), lines
+    for number, words in enumerate(lines):
+        args = words[1:] + (["--out", str(tmp_path / f"run{number}"), "-q"] if words[1] == "run" else [])
+        result = _fedsim(args, root, tmp_path)
+        assert result.returncode == 0, f"{' '.join(words)}:\n{result.stderr[-3000:]}"
+        if words[1] == "list":
+            assert re.search(r"^\s*fedavgm\s+classification\s+FedAvgM \(Hsu et al. 2019\)", result.stdout, re.M)
+            assert re.search(r"^\s*blobs\s+classification\s+Gaussian blobs", result.stdout, re.M)
+        else:
+            summary = json.loads((tmp_path / f"run{number}" / "summary.json").read_text())
+            assert 0.5 < summary["target_accuracy"] <= 1.0, summary
