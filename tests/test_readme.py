@@ -28,12 +28,15 @@ def test_the_api_example_runs(capsys):
 
 
 HISTORY = re.compile(
-    r"issue #?\d+|\bsession\b|\b(first|second|third|fourth|fifth) (pass|session)\b|\bpass(es)? \d+\b", re.I
+    r"issue #?\d+|\bsession\b|\b(first|second|third|fourth|fifth) (pass|session)\b|\bpass(es)? \d+\b"
+    r"|\bearlier\b|before this change|\bpreviously\b|\bformerly\b",
+    re.I,
 )
 
 
 def test_readme_and_docs_tell_no_history():
-    """README and docs describe the product as it is: no issue numbers, sessions or passes (git log keeps those)."""
+    """README and docs describe the product as it is: no issue numbers, sessions, passes or what the code was
+    before (git log keeps those)."""
     for path in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
         for number, line in enumerate(path.read_text().splitlines(), 1):
             match = HISTORY.search(line)
