@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import re
 import sys
 import time
 from pathlib import Path
@@ -36,8 +37,8 @@ def build_parser() -> argparse.ArgumentParser:
         "run", help="run one experiment (default: FedAvg on embedded digits, target mnistm, Ray backend)"
     )
     run.add_argument("--config", help="YAML config file (sections data, model, method, run, resources)")
-    run.add_argument("--method", help="method name (see 'fedsim list')")
-    run.add_argument("--benchmark", help="benchmark name (see 'fedsim list')")
+    run.add_argument("--method", help="method name (see 'fedsim list') or a plugin's module.path:Class")
+    run.add_argument("--benchmark", help="benchmark name (see 'fedsim list') or a plugin's module.path:Class")
     run.add_argument("--target", help="target domain (unlabeled); the other domains are sources")
     run.add_argument("--rounds", help="communication rounds")
     run.add_argument("--local-epochs", help="local epochs per round")
@@ -89,10 +90,16 @@ def config_from_args(args: argparse.Namespace):
     return load_config(args.config, args.set, values=values)
 
 
+def safe_name(name: str) -> str:
+    """A name as part of a folder name: a plugin's dotted path with its ':' and other odd characters as '_'."""
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", str(name))
+
+
 def resolve_out_dir(config, out: Optional[str]) -> Path:
     if out is None:
         stamp = time.strftime("%Y%m%d-%H%M%S")
-        out = f"runs/{stamp}-{config.method.name}-{config.data.benchmark}-{config.data.target}"
+        names = (config.method.name, config.data.benchmark, config.data.target)
+        out = f"runs/{stamp}-" + "-".join(safe_name(name) for name in names)
     path = Path(out)
     if path.exists() and not path.is_dir():
         raise UserError(f"--out {out} is a file: give a directory path")
@@ -158,20 +165,40 @@ def cmd_run(args) -> int:
     return 0
 
 
+def _first_doc_line(obj) -> str:
+    """The first line of a model function's docstring, or of its module's."""
+    module = sys.modules.get(getattr(obj, "__module__", None) or "")
+    doc = (getattr(obj, "__doc__", None) or getattr(module, "__doc__", None) or "").strip()
+    return doc.splitlines()[0] if doc else ""
+
+
 def cmd_list() -> int:
+    """Methods (with their task), benchmarks (with their domains) and models, built-in and plugins (with where
+    each plugin comes from); what cannot be loaded is listed with the reason."""
     from fedsim.config import DataConfig
     from fedsim.data.scenario import get_benchmark
-    from fedsim.registry import BENCHMARKS, METHODS
+    from fedsim.registry import BENCHMARKS, METHODS, MODELS
 
-    width = max(len(name) for name in METHODS.names() + BENCHMARKS.names() + list(METHODS.unavailable))
+    registries = (METHODS, BENCHMARKS, MODELS)
+    names = {registry.kind: registry.names() for registry in registries}
+    width = max(len(n) for registry in registries for n in names[registry.kind] + list(registry.unavailable))
+
+    def footer(registry, name: str) -> None:
+        if name in registry.plugins():
+            print(f"  {'':{width}s} plugin: {registry.plugins()[name]}")
+
+    def unavailable(registry) -> None:
+        for module, reason in sorted(registry.unavailable.items()):
+            print(f"  {module:{width}s} (not available: {reason})")
+
     print("methods:")
-    for name in METHODS.names():
+    for name in names["method"]:
         cls = METHODS.get(name)
         print(f"  {name:{width}s} {cls.task:14s} {cls.description()}")
-    for module, reason in sorted(METHODS.unavailable.items()):
-        print(f"  {module:{width}s} (not available: {reason})")
+        footer(METHODS, name)
+    unavailable(METHODS)
     print("benchmarks:")
-    for name in BENCHMARKS.names():
+    for name in names["benchmark"]:
         benchmark = get_benchmark(DataConfig(benchmark=name))
         try:
             domains = ", ".join(benchmark.domains())
@@ -181,6 +208,13 @@ def cmd_list() -> int:
             f"  {name:{width}s} {type(benchmark).task:14s} {type(benchmark).description()}\n"
             f"  {'':{width}s} domains: {domains}"
         )
+        footer(BENCHMARKS, name)
+    unavailable(BENCHMARKS)
+    print("models (--set model.name=...):")
+    for name in names["model"]:
+        print(f"  {name:{width}s} {_first_doc_line(MODELS.get(name))}")
+        footer(MODELS, name)
+    unavailable(MODELS)
     return 0
 
 
