@@ -4,7 +4,9 @@
 
 Unknown keys are rejected with the closest valid name. Method-specific
 parameters live in ``method.<name>`` and are checked against the method's own
-``Params`` dataclass (for example ``method.mu`` for FedProx).
+``Params`` dataclass (for example ``method.mu`` for FedProx); a benchmark's own
+options live in ``data.<name>`` and are checked against its ``Options``
+dataclass (for example ``data.variant`` for TEP).
 """
 
 from __future__ import annotations
@@ -27,7 +29,14 @@ def default_cache_dir() -> str:
 
 
 @dataclass(frozen=True)
+class NoOptions:
+    """A benchmark without options of its own."""
+
+
+@dataclass(frozen=True)
 class DataConfig:
+    """What every benchmark shares; ``options`` holds the benchmark's own frozen ``Options`` dataclass."""
+
     benchmark: str = "digits"
     target: str = "auto"  # "auto": the benchmark's default target (digits: mnistm)
     clients_per_domain: int = 1
@@ -39,10 +48,7 @@ class DataConfig:
     max_train_per_domain: Optional[int] = None  # subsample for quick runs
     sources: tuple[str, ...] = ()  # source domains; empty = every domain but the target
     normalization: str = "auto"  # "auto" (the benchmark's default), "none", "federated", "per-domain"
-    variant: str = "default"  # benchmark-specific variant (e.g. the TEP class list)
-    samples_per_class: Optional[int] = None  # benchmark-specific size (TEP samples per class and mode, CWRU windows)
-    classes: tuple[str, ...] = ()  # benchmark-specific class subset (CWRU); empty = the benchmark's default
-    image_size: Optional[int] = None  # image-folder benchmarks: square side images are resized to (images: 32)
+    options: Any = field(default_factory=NoOptions)  # the benchmark's own frozen dataclass (``Benchmark.Options``)
 
 
 @dataclass(frozen=True)
@@ -100,6 +106,17 @@ class RayConfig:
     call_timeout_s: float = 0.0  # a client call silent this long counts as failed (0: wait forever)
     max_actors: Optional[int] = None  # None: as many as the cluster's CPUs allow, at most one per client
     inject_faults: int = 0  # kill this many client actors at seeded rounds (recovery demo and tests)
+    #: Ray runtime environment of the run's workers (``pip``, ``py_modules``, ``env_vars``, ...) when fedsim starts
+    #: or joins the cluster; fedsim adds what the workers need to import the run's plugins
+    runtime_env: Optional[dict] = field(default=None, hash=False)
+
+    def __post_init__(self):
+        env = self.runtime_env
+        if env is not None and not (isinstance(env, dict) and all(isinstance(key, str) for key in env)):
+            raise UserError(
+                f"ray.runtime_env must be a mapping of Ray runtime-environment fields, got {env!r}: "
+                "e.g. --set 'ray.runtime_env={pip: [mypkg]}'"
+            )
 
 
 #: keys that moved to the ``ray`` section: an old config gets one line naming the new key
@@ -151,7 +168,9 @@ def to_plain(obj: Any) -> Any:
         out = {}
         for f in fields(obj):
             value = getattr(obj, f.name)
-            if f.name == "params" and isinstance(obj, MethodConfig):
+            if (f.name == "params" and isinstance(obj, MethodConfig)) or (
+                f.name == "options" and isinstance(obj, DataConfig)
+            ):
                 out.update(to_plain(value))
             else:
                 out[f.name] = to_plain(value)
@@ -213,17 +232,52 @@ def _apply_method_defaults(method_cls: type, sections: dict[str, dict]) -> None:
         sections[section] = {**defaults, **sections.get(section, {})}
 
 
+def _benchmark_name(data_raw: dict) -> str:
+    return str(data_raw.get("benchmark", DataConfig.benchmark))
+
+
 def _resolve_target(data_raw: dict) -> None:
     """``data.target: auto`` -> the benchmark's default target domain."""
     from fedsim.registry import BENCHMARKS
 
     if str(data_raw.get("target", "auto")) != "auto":
         return
-    benchmark_name = str(data_raw.get("benchmark", DataConfig.benchmark))
-    default_target = getattr(BENCHMARKS.get(benchmark_name), "default_target", None)
+    default_target = getattr(BENCHMARKS.get(_benchmark_name(data_raw)), "default_target", None)
     if default_target is None:
-        raise UserError(f"benchmark {benchmark_name!r} has no default target domain: pass --target (see 'fedsim list')")
+        raise UserError(
+            f"benchmark {_benchmark_name(data_raw)!r} has no default target domain: pass --target (see 'fedsim list')"
+        )
     data_raw["target"] = default_target
+
+
+def _build_data(data_raw: dict) -> DataConfig:
+    """The shared data keys into DataConfig, the rest into the benchmark's own ``Options``."""
+    from fedsim.registry import BENCHMARKS
+
+    benchmark_cls = BENCHMARKS.get(_benchmark_name(data_raw))
+    options_cls = getattr(benchmark_cls, "Options", NoOptions)
+    shared = [f.name for f in fields(DataConfig) if f.name != "options"]
+    own = [f.name for f in fields(options_cls)]
+    clash = sorted(set(shared) & set(own))
+    if clash:
+        raise TypeError(f"{benchmark_cls.__name__}.Options redefines shared data keys {clash}: use the shared ones")
+    for key in data_raw:
+        if key not in shared and key not in own:
+            keys = f"its own keys: {', '.join(own)}" if own else "it has no keys of its own"
+            raise UserError(
+                f"unknown config key 'data.{key}' for benchmark {_benchmark_name(data_raw)!r} ({keys}): "
+                f"{closest(str(key), shared + own)}"
+            )
+    return dataclasses.replace(
+        build_checked(DataConfig, {k: v for k, v in data_raw.items() if k in shared}, "data", moved=MOVED_KEYS),
+        options=build_checked(options_cls, {k: v for k, v in data_raw.items() if k in own}, "data"),
+    )
+
+
+def data_config(**values) -> DataConfig:
+    """A DataConfig from ``data`` keys, shared ones and the benchmark's own options, checked as a config file's
+    (``data_config(benchmark="tep", variant="hard")``); ``target`` stays "auto" unless given."""
+    return _build_data(values)
 
 
 def _build_method(method_cls: type, method_raw: dict) -> MethodConfig:
@@ -239,21 +293,25 @@ def _build_method(method_cls: type, method_raw: dict) -> MethodConfig:
 
 def build_config(raw: dict) -> ExperimentConfig:
     """Nested dict (YAML, or typed values) -> ExperimentConfig, with every key checked."""
-    from fedsim.registry import METHODS
+    from fedsim.registry import METHODS, MODELS
 
     sections = _check_sections(raw)
     method_cls = METHODS.get(str(sections.get("method", {}).get("name", MethodConfig.name)))
     _apply_method_defaults(method_cls, sections)
-    sections.setdefault("data", {})
-    _resolve_target(sections["data"])
+    data_raw = sections.setdefault("data", {})
+    _resolve_target(data_raw)
     built = {
         name: build_checked(cls, sections.get(name, {}), name, moved=MOVED_KEYS)
         for name, cls in typing.get_type_hints(ExperimentConfig).items()
-        if name != "method"
+        if name not in ("method", "data")
     }
-    config = ExperimentConfig(method=_build_method(method_cls, sections.get("method", {})), **built)
+    config = ExperimentConfig(
+        method=_build_method(method_cls, sections.get("method", {})), data=_build_data(data_raw), **built
+    )
     validate(config)
     check_task_pair(method_cls, config.data.benchmark)
+    if config.model.name != "auto":
+        MODELS.check(config.model.name)
     return config
 
 

@@ -1,14 +1,12 @@
 """Amazon Review loader on tiny files in every supported layout; FADA on Amazon Review and Office-Caltech10 files."""
 
-from dataclasses import dataclass
-
 import numpy as np
 import pytest
 import scipy.io
 import scipy.sparse
 
 from fedsim.api import run_experiment
-from fedsim.config import DataConfig, load_config
+from fedsim.config import data_config, load_config
 from fedsim.data.benchmarks.amazon_review import DOMAINS, AmazonReviewBenchmark
 from fedsim.data.benchmarks.office_caltech import DOMAINS as OC_DOMAINS
 from fedsim.errors import UserError
@@ -67,13 +65,8 @@ def write_400(root, electronics: str = "elec"):
     return counts, y
 
 
-@dataclass(frozen=True)
-class VariantConfig(DataConfig):
-    variant: str = "default"
-
-
 def bench(root, **kwargs):
-    return AmazonReviewBenchmark(VariantConfig(benchmark="amazon_review", root=str(root), **kwargs))
+    return AmazonReviewBenchmark(data_config(benchmark="amazon_review", root=str(root), **kwargs))
 
 
 def test_registered():

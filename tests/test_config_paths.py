@@ -48,7 +48,7 @@ def test_every_keyword_is_a_cli_flag():
 
 def test_typed_values_are_not_reparsed_as_text():
     """A YAML round trip would turn the string 'no' into False (and then into 'False')."""
-    assert make_config(set={"data.variant": "no"}).data.variant == "no"
+    assert make_config(set={"data.target": "no"}).data.target == "no"
     assert make_config(sources=("mnist", "usps")).data.sources == ("mnist", "usps")
 
 

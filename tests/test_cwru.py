@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import scipy.io
 
-from fedsim.config import DataConfig
+from fedsim.config import DataConfig, data_config
 from fedsim.data.benchmarks.cwru import CWRUBenchmark, window_starts
 from fedsim.errors import UserError
 
@@ -41,7 +41,7 @@ def _write_cwru(root, loads=("1hp", "2hp", "3hp"), numbered=False, classes=tuple
 
 
 def _bench(root, **kwargs) -> CWRUBenchmark:
-    return CWRUBenchmark(DataConfig(benchmark="cwru", root=str(root), **kwargs))
+    return CWRUBenchmark(data_config(benchmark="cwru", root=str(root), **kwargs))
 
 
 def test_cwru_windows_and_fft_features(tmp_path):

@@ -2,27 +2,16 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Optional
-
 import numpy as np
 import pytest
 import scipy.io
 
-from fedsim.config import DataConfig
+from fedsim.config import data_config
 from fedsim.data import normalization as norm
 from fedsim.data.benchmarks.office_caltech import DOMAINS as OC_DOMAINS
 from fedsim.data.benchmarks.office_caltech import OfficeCaltechBenchmark
 from fedsim.errors import UserError
 from fedsim.registry import BENCHMARKS
-
-
-@dataclass(frozen=True)
-class FileConfig(DataConfig):
-    """DataConfig plus the fields the loaders read when present."""
-
-    variant: str = "default"
-    samples_per_class: Optional[int] = None
 
 
 def test_benchmarks_register():
@@ -99,7 +88,7 @@ def _write_decaf(root, domains=OC_DOMAINS):
 
 def test_office_caltech_decaf(tmp_path):
     _write_decaf(tmp_path)
-    bench = OfficeCaltechBenchmark(DataConfig(benchmark="office_caltech", root=str(tmp_path)))
+    bench = OfficeCaltechBenchmark(data_config(benchmark="office_caltech", root=str(tmp_path)))
     assert bench.domains() == ["amazon", "caltech", "dslr", "webcam"]
     dom = bench.load("dslr")
     assert dom.num_classes == 10 and dom.input_shape == (16,)
@@ -115,14 +104,14 @@ def test_office_caltech_surf_npz_and_csv_forms(tmp_path):
         feas, labels = _oc_data(d, dim=8)
         name = "Caltech10_SURF_L10.mat" if d == "caltech" else f"{d}_SURF_L10.mat"
         scipy.io.savemat(str(tmp_path / name), {"fts": feas, "labels": labels.reshape(-1, 1)})
-    surf = OfficeCaltechBenchmark(DataConfig(benchmark="office_caltech", root=str(tmp_path))).load("caltech")
+    surf = OfficeCaltechBenchmark(data_config(benchmark="office_caltech", root=str(tmp_path))).load("caltech")
     assert surf.input_shape == (8,)
     npz_dir = tmp_path / "npz"
     npz_dir.mkdir()
     for d in OC_DOMAINS:
         feas, labels = _oc_data(d, dim=12)
         np.savez(npz_dir / f"{d}.npz", x=feas, y=labels - 1)  # 0..9 labels stay as they are
-    dom = OfficeCaltechBenchmark(FileConfig(benchmark="office_caltech", root=str(npz_dir), variant="resnet50")).load(
+    dom = OfficeCaltechBenchmark(data_config(benchmark="office_caltech", root=str(npz_dir), variant="resnet50")).load(
         "amazon"
     )
     assert dom.input_shape == (12,) and dom.train_y.max() == 9
@@ -131,7 +120,7 @@ def test_office_caltech_surf_npz_and_csv_forms(tmp_path):
     for d in OC_DOMAINS:
         feas, labels = _oc_data(d, dim=6)
         np.savetxt(csv_dir / f"{d}_{d}.csv", np.column_stack([feas, labels - 1]), delimiter=",")
-    dom = OfficeCaltechBenchmark(DataConfig(benchmark="office_caltech", root=str(csv_dir))).load("webcam")
+    dom = OfficeCaltechBenchmark(data_config(benchmark="office_caltech", root=str(csv_dir))).load("webcam")
     assert dom.input_shape == (6,) and len(dom.train_y) + len(dom.test_y) == 50
 
 
@@ -155,7 +144,7 @@ def test_office_caltech_bad_files_name_the_file(tmp_path, case):
     elif case == "nan":
         scipy.io.savemat(str(bad), {"feas": np.where(feas > 5, np.nan, feas), "labels": labels})
     with pytest.raises(UserError) as info:
-        OfficeCaltechBenchmark(DataConfig(benchmark="office_caltech", root=str(tmp_path), target="webcam")).load(
+        OfficeCaltechBenchmark(data_config(benchmark="office_caltech", root=str(tmp_path), target="webcam")).load(
             "amazon"
         )
     message = str(info.value)
@@ -168,20 +157,20 @@ def test_office_caltech_bad_files_name_the_file(tmp_path, case):
 
 def test_office_caltech_settings_errors(tmp_path):
     with pytest.raises(UserError, match="data.root"):
-        OfficeCaltechBenchmark(DataConfig(benchmark="office_caltech")).load("amazon")
+        OfficeCaltechBenchmark(data_config(benchmark="office_caltech")).load("amazon")
     with pytest.raises(UserError, match="does not exist"):
-        OfficeCaltechBenchmark(DataConfig(benchmark="office_caltech", root=str(tmp_path / "nope"))).load("amazon")
+        OfficeCaltechBenchmark(data_config(benchmark="office_caltech", root=str(tmp_path / "nope"))).load("amazon")
     _write_decaf(tmp_path)
     with pytest.raises(UserError, match="surf"):
-        OfficeCaltechBenchmark(FileConfig(benchmark="office_caltech", root=str(tmp_path), variant="sift")).load(
+        OfficeCaltechBenchmark(data_config(benchmark="office_caltech", root=str(tmp_path), variant="sift")).load(
             "amazon"
         )
     with pytest.raises(UserError, match="SURF_L10"):  # decaf files exist, but SURF was asked for
-        OfficeCaltechBenchmark(FileConfig(benchmark="office_caltech", root=str(tmp_path), variant="surf")).load(
+        OfficeCaltechBenchmark(data_config(benchmark="office_caltech", root=str(tmp_path), variant="surf")).load(
             "amazon"
         )
     with pytest.raises(UserError, match="amazon"):
-        OfficeCaltechBenchmark(DataConfig(benchmark="office_caltech", root=str(tmp_path))).load("amazom")
+        OfficeCaltechBenchmark(data_config(benchmark="office_caltech", root=str(tmp_path))).load("amazom")
 
 
 def _write_fts(folder, domains, dim, n=20, plain=True):
@@ -200,7 +189,7 @@ def test_office_caltech_gautheron_forms_by_dimension_and_sub_folder(tmp_path):
     _write_fts(features / "surf", OC_DOMAINS, 800)
 
     def bench(**kwargs):
-        return OfficeCaltechBenchmark(DataConfig(benchmark="office_caltech", root=str(features), **kwargs))
+        return OfficeCaltechBenchmark(data_config(benchmark="office_caltech", root=str(features), **kwargs))
 
     google = bench(variant="googlenet1024")
     assert google.domains() == ["amazon", "dslr", "webcam"]  # no Caltech file: three domains
@@ -215,7 +204,7 @@ def test_office_caltech_gautheron_forms_by_dimension_and_sub_folder(tmp_path):
     assert "caltech.mat or caltech10.mat" in str(info.value) and "amazon, dslr, webcam" in str(info.value)
     with pytest.raises(UserError, match="holds googlenet1024 features .--set data.variant=googlenet1024"):
         OfficeCaltechBenchmark(
-            DataConfig(benchmark="office_caltech", root=str(features / "GoogleNet1024"), variant="caffenet4096")
+            data_config(benchmark="office_caltech", root=str(features / "GoogleNet1024"), variant="caffenet4096")
         ).domains()
 
 
@@ -223,16 +212,16 @@ def test_office_caltech_domains_are_those_with_files(tmp_path):
     for d in ("dslr", "webcam"):  # DeCAF6 as <domain>.mat, feas / labels N x 1
         feas, labels = _oc_data(d)
         scipy.io.savemat(str(tmp_path / f"{d}.mat"), {"feas": feas, "labels": labels.reshape(-1, 1)})
-    bench = OfficeCaltechBenchmark(DataConfig(benchmark="office_caltech", root=str(tmp_path), variant="decaf"))
+    bench = OfficeCaltechBenchmark(data_config(benchmark="office_caltech", root=str(tmp_path), variant="decaf"))
     assert bench.domains() == ["dslr", "webcam"] and bench.load("dslr").input_shape == (16,)
     with pytest.raises(UserError, match="no decaf6 file for amazon .*amazon_decaf.mat or amazon.mat"):
-        OfficeCaltechBenchmark(DataConfig(benchmark="office_caltech", root=str(tmp_path), target="amazon")).domains()
+        OfficeCaltechBenchmark(data_config(benchmark="office_caltech", root=str(tmp_path), target="amazon")).domains()
     _write_fts(tmp_path / "sift", OC_DOMAINS, 500)  # fts of none of the known sizes
     with pytest.raises(UserError, match="no decaf6 or resnet50 .* feature files .*holds none of the forms"):
-        OfficeCaltechBenchmark(DataConfig(benchmark="office_caltech", root=str(tmp_path / "sift"))).domains()
+        OfficeCaltechBenchmark(data_config(benchmark="office_caltech", root=str(tmp_path / "sift"))).domains()
     _write_fts(tmp_path / "surf", OC_DOMAINS, 8, plain=False)  # the GFK release's names, fts labels 1 x N too
     assert OfficeCaltechBenchmark(
-        DataConfig(benchmark="office_caltech", root=str(tmp_path / "surf"))
+        data_config(benchmark="office_caltech", root=str(tmp_path / "surf"))
     ).domains() == list(OC_DOMAINS)
 
 

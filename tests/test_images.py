@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from fedsim.config import DataConfig
+from fedsim.config import DataConfig, data_config
 from fedsim.data.benchmarks import images
 from fedsim.data.benchmarks.images import ImageFolderBenchmark
 from fedsim.errors import UserError
@@ -48,7 +48,7 @@ def make_folder(tmp_path: Path, domains=DOMAINS, classes=CLASSES, per_class=PER_
 
 def bench(root, tmp_path, **kw) -> ImageFolderBenchmark:
     cache = kw.pop("cache_dir", tmp_path / "cache")
-    return ImageFolderBenchmark(DataConfig(benchmark="images", root=str(root), cache_dir=str(cache), **kw))
+    return ImageFolderBenchmark(data_config(benchmark="images", root=str(root), cache_dir=str(cache), **kw))
 
 
 def error(b: ImageFolderBenchmark, domain: str = "cam_a") -> str:
@@ -156,7 +156,8 @@ def test_wrong_layouts_get_one_line(tmp_path):
     assert "holds images directly" in error(bench(one / "solo", tmp_path))  # DIR/<class>/*.jpg: one domain
     root = make_folder(tmp_path)
     assert "--target" in error(bench(root, tmp_path), "cam_z")
-    assert "at least 4" in error(bench(root, tmp_path, image_size=2))
+    with pytest.raises(UserError, match="at least 4"):  # refused with the config, before any image is read
+        bench(root, tmp_path, image_size=2)
 
 
 def test_fedsim_run_on_an_image_folder(tmp_path, capsys):

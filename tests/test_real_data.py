@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fedsim.config import DataConfig
+from fedsim.config import data_config
 from fedsim.data.benchmarks.amazon_review import AmazonReviewBenchmark
 from fedsim.data.benchmarks.cwru import CLASSES, CWRUBenchmark
 from fedsim.data.benchmarks.office_caltech import OfficeCaltechBenchmark
@@ -48,31 +48,31 @@ def _counts(benchmark) -> dict[str, tuple[int, int]]:
     ],
 )
 def test_office_caltech_counts_equal_the_release(form, dim, domains):
-    bench = OfficeCaltechBenchmark(DataConfig(benchmark="office_caltech", root=str(DATA / "office_caltech10" / form)))
+    bench = OfficeCaltechBenchmark(data_config(benchmark="office_caltech", root=str(DATA / "office_caltech10" / form)))
     assert _counts(bench) == {d: (OFFICE_CALTECH[d], 10) for d in domains}
     assert bench.load(domains[0]).input_shape == (dim,)
     # The same form read from the folder above it, by name: the form's sub-folder is looked in.
     above = OfficeCaltechBenchmark(
-        DataConfig(benchmark="office_caltech", root=str(DATA / "office_caltech10"), variant=form)
+        data_config(benchmark="office_caltech", root=str(DATA / "office_caltech10"), variant=form)
     )
     assert above.domains() == list(domains)
 
 
 def test_amazon_review_counts_equal_the_release():
-    bench = AmazonReviewBenchmark(DataConfig(benchmark="amazon_review", root=str(DATA / "amazon_review")))
+    bench = AmazonReviewBenchmark(data_config(benchmark="amazon_review", root=str(DATA / "amazon_review")))
     assert _counts(bench) == {d: (n, 2) for d, n in AMAZON.items()}
     assert bench.load("books").input_shape == (400,)
 
 
 def test_cwru_loads_share_the_nine_faults():
-    bench = CWRUBenchmark(DataConfig(benchmark="cwru", root=str(DATA / "cwru")))
+    bench = CWRUBenchmark(data_config(benchmark="cwru", root=str(DATA / "cwru")))
     assert bench.domains() == ["0hp", "1hp", "2hp", "3hp"]
     assert bench.classes == CLASSES[1:]  # normal is recorded at 0hp only in this copy
     counts = _counts(bench)
     assert all(classes == 9 for _, classes in counts.values())
     assert all(1000 <= n <= 1100 for n, _ in counts.values())  # ~120k samples per recording, 1024 per window
     with_normal = CWRUBenchmark(
-        DataConfig(benchmark="cwru", root=str(DATA / "cwru"), classes=("normal", "ball_007"), target="0hp")
+        data_config(benchmark="cwru", root=str(DATA / "cwru"), classes=("normal", "ball_007"), target="0hp")
     )
     with pytest.raises(UserError, match="load 1hp has no normal.mat or normal_<number>.mat"):
         with_normal.domains()

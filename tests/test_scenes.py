@@ -6,7 +6,7 @@ import json
 import numpy as np
 import pytest
 
-from fedsim.config import DataConfig, load_config
+from fedsim.config import data_config, load_config
 from fedsim.data.benchmarks.coco import CocoBenchmark, write_coco_domain
 from fedsim.data.benchmarks.scenes import CLASSES, ScenesBenchmark, export_coco
 from fedsim.data.detection import Annotations
@@ -17,7 +17,7 @@ from fedsim.errors import UserError
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     cache = tmp_path_factory.getbasetemp() / "scenes-tiny-cache"  # shared with test_fedod: built once per session
-    return DataConfig(benchmark="scenes", target="dusk", variant="tiny", cache_dir=str(cache))
+    return data_config(benchmark="scenes", target="dusk", variant="tiny", cache_dir=str(cache))
 
 
 @pytest.fixture(scope="module")
@@ -104,7 +104,7 @@ def test_clients_get_their_boxes_in_client_data_and_the_target_no_training_boxes
 
 def test_coco_round_trip_is_exact(tiny, scenes, tmp_path):
     root = export_coco(tiny, tmp_path / "coco", domains=["server", "farm"])
-    coco = CocoBenchmark(DataConfig(benchmark="coco", root=str(root), variant="64"))
+    coco = CocoBenchmark(data_config(benchmark="coco", root=str(root), variant="64"))
     assert coco.domains() == ["farm", "server"] and coco.classes() == CLASSES
     for name in ("server", "farm"):
         loaded, original = coco.load(name), scenes[name]
@@ -136,7 +136,7 @@ def write_domain(
 def test_coco_loader_resizes_and_splits(tmp_path):
     write_domain(tmp_path)
     write_domain(tmp_path, "rain", classes=("person", "bus"))
-    benchmark = CocoBenchmark(DataConfig(benchmark="coco", root=str(tmp_path), variant="32"))
+    benchmark = CocoBenchmark(data_config(benchmark="coco", root=str(tmp_path), variant="32"))
     assert benchmark.classes() == ("person", "bus", "car")  # domains in name order (rain, server), ids within a file
     server = benchmark.load("server")
     assert (
@@ -151,32 +151,32 @@ def test_coco_loader_resizes_and_splits(tmp_path):
 
 def test_coco_loader_errors(tmp_path):
     with pytest.raises(UserError, match="needs a folder"):
-        CocoBenchmark(DataConfig(benchmark="coco")).domains()
+        CocoBenchmark(data_config(benchmark="coco")).domains()
     with pytest.raises(UserError, match="not a folder"):
-        CocoBenchmark(DataConfig(benchmark="coco", root=str(tmp_path / "missing"))).domains()
+        CocoBenchmark(data_config(benchmark="coco", root=str(tmp_path / "missing"))).domains()
     with pytest.raises(UserError, match="no domain folders"):
-        CocoBenchmark(DataConfig(benchmark="coco", root=str(tmp_path))).domains()
+        CocoBenchmark(data_config(benchmark="coco", root=str(tmp_path))).domains()
     path = write_domain(tmp_path, boxes=((10, 10, 5, 30),))  # x2 < x1
     with pytest.raises(UserError, match="no area"):
-        CocoBenchmark(DataConfig(benchmark="coco", root=str(tmp_path), variant="32")).load("server")
+        CocoBenchmark(data_config(benchmark="coco", root=str(tmp_path), variant="32")).load("server")
     path = write_domain(tmp_path, boxes=((10, 10, 120, 30),))
     with pytest.raises(UserError, match="outside"):
-        CocoBenchmark(DataConfig(benchmark="coco", root=str(tmp_path), variant="32")).load("server")
+        CocoBenchmark(data_config(benchmark="coco", root=str(tmp_path), variant="32")).load("server")
     path = write_domain(tmp_path)
     data = json.loads(path.read_text())
     data["annotations"][0]["category_id"] = 9
     path.write_text(json.dumps(data))
     with pytest.raises(UserError, match="category_id 9"):
-        CocoBenchmark(DataConfig(benchmark="coco", root=str(tmp_path), variant="32")).load("server")
+        CocoBenchmark(data_config(benchmark="coco", root=str(tmp_path), variant="32")).load("server")
     path = write_domain(tmp_path)
     (tmp_path / "server" / "images" / "all_00002.png").unlink()
     with pytest.raises(UserError, match="is missing"):
-        CocoBenchmark(DataConfig(benchmark="coco", root=str(tmp_path), variant="32")).load("server")
+        CocoBenchmark(data_config(benchmark="coco", root=str(tmp_path), variant="32")).load("server")
     path.write_text("{not json")
     with pytest.raises(UserError, match="not a readable COCO JSON"):
-        CocoBenchmark(DataConfig(benchmark="coco", root=str(tmp_path), variant="32")).load("server")
+        CocoBenchmark(data_config(benchmark="coco", root=str(tmp_path), variant="32")).load("server")
     write_domain(tmp_path)
     with pytest.raises(UserError, match="multiple of 32"):
-        CocoBenchmark(DataConfig(benchmark="coco", root=str(tmp_path), variant="50")).load("server")
+        CocoBenchmark(data_config(benchmark="coco", root=str(tmp_path), variant="50")).load("server")
     with pytest.raises(UserError, match="unknown domain"):
-        CocoBenchmark(DataConfig(benchmark="coco", root=str(tmp_path), variant="32")).load("snow")
+        CocoBenchmark(data_config(benchmark="coco", root=str(tmp_path), variant="32")).load("snow")

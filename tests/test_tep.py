@@ -3,30 +3,22 @@
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
-from typing import Optional
 
 import numpy as np
 import pytest
 
 pytest.importorskip("tep_studio")
 
-from fedsim.config import DataConfig  # noqa: E402
+from fedsim.config import DataConfig, data_config  # noqa: E402
 from fedsim.data.benchmarks import tep, tep_simulation  # noqa: E402
 from fedsim.errors import UserError  # noqa: E402
 
 SHORT = dict(settle_hours=3.0, warmup_hours=0.2)  # the real settings take 60 h; the mechanics are the same
 
 
-@dataclass(frozen=True)
-class TEPConfig(DataConfig):
-    """DataConfig plus the fields the tep benchmark reads when present."""
-
-    benchmark: str = "tep"
-    target: str = "mode2"
-    variant: str = "default"
-    samples_per_class: Optional[int] = None
-    sources: Optional[tuple[str, ...]] = None
+def tep_config(**values) -> DataConfig:
+    """The data section of a TEP run (target mode2), with the given keys."""
+    return data_config(**{"benchmark": "tep", "target": "mode2", **values})
 
 
 @pytest.fixture
@@ -100,7 +92,7 @@ def test_branch_snapshot_restores_controller_and_plant():
 
 
 def test_benchmark_split_cache_and_subsample(tmp_path, short_runs, monkeypatch):
-    config = TEPConfig(cache_dir=str(tmp_path), samples_per_class=10)
+    config = tep_config(cache_dir=str(tmp_path), samples_per_class=10)
     bench = tep.TEPBenchmark(config)
     assert bench.domains() == list(tep.MODES)
     dom = bench.load("mode1")
@@ -116,7 +108,7 @@ def test_benchmark_split_cache_and_subsample(tmp_path, short_runs, monkeypatch):
     cached = tep.TEPBenchmark(config).load("mode1")
     for field in ("train_x", "train_y", "test_x", "test_y"):
         assert np.array_equal(getattr(cached, field), getattr(dom, field))
-    small = tep.TEPBenchmark(TEPConfig(cache_dir=str(tmp_path), samples_per_class=10, max_train_per_domain=12)).load(
+    small = tep.TEPBenchmark(tep_config(cache_dir=str(tmp_path), samples_per_class=10, max_train_per_domain=12)).load(
         "mode1"
     )
     assert small.train_x.shape == (12, 53) and np.array_equal(np.bincount(small.train_y), [2] * 6)
@@ -125,16 +117,16 @@ def test_benchmark_split_cache_and_subsample(tmp_path, short_runs, monkeypatch):
         tep.TEPBenchmark(c).cache_name("mode1")
         for c in (
             config,
-            TEPConfig(cache_dir=str(tmp_path), samples_per_class=11),
-            TEPConfig(cache_dir=str(tmp_path), samples_per_class=10, seed=1),
-            TEPConfig(cache_dir=str(tmp_path), samples_per_class=10, variant="hard"),
+            tep_config(cache_dir=str(tmp_path), samples_per_class=11),
+            tep_config(cache_dir=str(tmp_path), samples_per_class=10, seed=1),
+            tep_config(cache_dir=str(tmp_path), samples_per_class=10, variant="hard"),
         )
     }
     assert len(names) == 4
 
 
 def test_variants_and_settings_errors(tmp_path):
-    assert tep.TEPBenchmark(TEPConfig(variant="hard")).classes == (
+    assert tep.TEPBenchmark(tep_config(variant="hard")).classes == (
         "normal",
         "idv_01",
         "idv_02",
@@ -144,20 +136,19 @@ def test_variants_and_settings_errors(tmp_path):
         "idv_08",
         "idv_17",
     )
-    assert tep.TEPBenchmark(DataConfig(benchmark="tep")).classes == tep.VARIANTS["default"]  # fields absent: defaults
+    assert tep.TEPBenchmark(DataConfig(benchmark="tep")).classes == tep.VARIANTS["default"]  # no options: defaults
     with pytest.raises(UserError, match="variant"):
-        tep.TEPBenchmark(TEPConfig(variant="harder")).classes
+        tep_config(variant="harder")  # refused with the config, before any benchmark is built
     with pytest.raises(UserError, match="samples_per_class"):
-        tep.TEPBenchmark(TEPConfig(samples_per_class=1)).samples_per_class
+        tep_config(samples_per_class=1)
     with pytest.raises(UserError, match="mode7"):
-        tep.TEPBenchmark(TEPConfig(cache_dir=str(tmp_path))).load("mode7")
+        tep.TEPBenchmark(tep_config(cache_dir=str(tmp_path))).load("mode7")
 
 
 def test_sources_pick_the_source_modes(tmp_path, short_runs):
-    from fedsim.config import DataConfig
     from fedsim.data.scenario import build_federation
 
-    config = DataConfig(
+    config = data_config(
         benchmark="tep", cache_dir=str(tmp_path), samples_per_class=4, target="mode2", sources=("mode1", "mode3")
     )
     assert tep.TEPBenchmark(config).domains() == list(tep.MODES)
@@ -170,7 +161,7 @@ def test_sources_pick_the_source_modes(tmp_path, short_runs):
     assert federation.num_classes == 6 and federation.input_shape == (53,)
     with pytest.raises(UserError, match="mode9"):
         build_federation(
-            DataConfig(
+            data_config(
                 benchmark="tep",
                 cache_dir=str(tmp_path),
                 samples_per_class=4,

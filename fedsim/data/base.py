@@ -13,6 +13,8 @@ from typing import ClassVar, Optional
 
 import numpy as np
 
+from fedsim.config import NoOptions
+
 
 @dataclass(frozen=True)
 class Domain:
@@ -33,11 +35,19 @@ class Domain:
 class Benchmark(ABC):
     """A set of domains sharing classes and input shape.
 
-    Subclasses register with ``@BENCHMARKS.register(name)`` and are built from
-    the ``data`` section of the config (:class:`fedsim.config.DataConfig`).
+    Subclasses register with ``@BENCHMARKS.register(name)`` (or are named by a
+    dotted path or an entry point, see :mod:`fedsim.registry`) and are built from
+    the ``data`` section of the config (:class:`fedsim.config.DataConfig`): the
+    keys every benchmark shares, and the benchmark's own ``Options``, a frozen
+    dataclass whose fields are set as ``data.<field>`` and read as
+    ``self.options.<field>`` (validate them in its ``__post_init__``; use tuples,
+    not lists, so that the config stays hashable).
     ``load`` must be deterministic: the same config gives bit-identical arrays
     in every process, because Ray client actors rebuild their own data.
     """
+
+    #: the benchmark's own frozen options dataclass (``data.<field>`` keys)
+    Options: ClassVar[type] = NoOptions
 
     #: normalization used when ``data.normalization`` is "auto" (see fedsim.data.normalization)
     default_normalization: ClassVar[str] = "none"
@@ -52,6 +62,11 @@ class Benchmark(ABC):
 
     def __init__(self, data_config):
         self.config = data_config
+        options = getattr(data_config, "options", None)
+        #: this benchmark's options: the config's, or the defaults when it holds none (``NoOptions``)
+        self.options = options if isinstance(options, type(self).Options) else type(self).Options()
+        if not isinstance(options, (type(self).Options, NoOptions, type(None))):
+            raise TypeError(f"{type(self).__name__} takes {type(self).Options.__qualname__}, got {options!r}")
         #: domains built in this process, by name: ``load`` fills it, :meth:`forget` empties it
         self._loaded: dict[str, Domain] = {}
 

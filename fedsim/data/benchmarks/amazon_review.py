@@ -27,6 +27,7 @@ disk and up to ~150 MB as dense float32 in each process that hosts one of its cl
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
@@ -190,6 +191,15 @@ class AmazonReviewBenchmark(Benchmark):
     ``data.variant`` = default (counts) | binary | log1p.
     """
 
+    @dataclass(frozen=True)
+    class Options:
+        """``data.variant``: the features, "default" (counts as released), "binary" (word present) or "log1p"."""
+
+        variant: str = "default"
+
+        def __post_init__(self):
+            choice(self, "variant", "amazon_review variant", VARIANTS, "default")
+
     #: each client standardizes by its own training statistics, nothing shared: what the FedDaDiL authors'
     #: code does (and Gong et al.'s z-scored Office-Caltech10 release); --set data.normalization=federated
     #: shares one mean and std, =none keeps the raw features
@@ -203,7 +213,7 @@ class AmazonReviewBenchmark(Benchmark):
         return list(DOMAINS)
 
     def variant(self) -> str:
-        return choice(self.config, "variant", "amazon_review variant", VARIANTS, "default")
+        return choice(self.options, "variant", "amazon_review variant", VARIANTS, "default")
 
     def _read(self) -> dict[str, tuple[object, np.ndarray, Path]]:
         """Per domain: (documents x features, sparse or dense; labels 0/1; the file)."""

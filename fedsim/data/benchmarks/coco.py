@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Optional, Sequence
 
@@ -109,6 +110,15 @@ class CocoBenchmark(Benchmark):
     For SODA10M or nuScenes converted to COCO; images resized to S x S (data.variant, default 128).
     """
 
+    @dataclass(frozen=True)
+    class Options:
+        """``data.variant``: the side S images are resized to, "default" (128) or a multiple of 32."""
+
+        variant: str = "default"
+
+        def __post_init__(self):
+            parse_size(self.variant)
+
     task = "detection"
     server_domain = "server"
     default_target = None
@@ -183,7 +193,7 @@ class CocoBenchmark(Benchmark):
                 f"unknown domain {domain!r} for benchmark 'coco' in {self._root()}: choose one of "
                 f"{', '.join(self.domains())}"
             )
-        size = parse_size(self.config.variant)
+        size = parse_size(self.options.variant)
         folder = self._root() / domain
         coco = self._coco(domain)
         classes = self.classes()

@@ -35,6 +35,7 @@ at the rate it was stored).
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
@@ -156,9 +157,9 @@ def scan_load(folder: Path) -> dict[str, tuple[Path, Optional[str]]]:
     return entries
 
 
-def class_option(config) -> tuple[str, ...]:
+def class_option(options) -> tuple[str, ...]:
     """``data.classes``: known class names, no repeats (empty: choose the common ones)."""
-    names = tuple(str(c).strip().lower() for c in (getattr(config, "classes", None) or ()))
+    names = tuple(str(c).strip().lower() for c in (getattr(options, "classes", None) or ()))
     for name in names:
         if name not in CLASSES:
             raise UserError(unknown_name_message("cwru class", name, list(CLASSES), "--set data.classes=a,b"))
@@ -205,6 +206,21 @@ class CWRUBenchmark(Benchmark):
     FFT-magnitude (``data.variant=fft``) or raw (``raw``) features.
     """
 
+    @dataclass(frozen=True)
+    class Options:
+        """``data.variant``: the window features, "fft" (or "default") or "raw"; ``data.samples_per_class``: windows
+        per class and load, spread evenly (None: every non-overlapping window); ``data.classes``: the classes, in
+        label order (empty: those every chosen load has)."""
+
+        variant: str = "default"
+        samples_per_class: Optional[int] = None
+        classes: tuple[str, ...] = ()
+
+        def __post_init__(self):
+            choice(self, "variant", "cwru feature kind", FEATURES, "fft", aliases={"default": "fft"})
+            count(self, "samples_per_class", "cwru")
+            class_option(self)
+
     #: each client standardizes by its own training statistics, nothing shared: what the FedDaDiL authors'
     #: code does (and Gong et al.'s z-scored Office-Caltech10 release); --set data.normalization=federated
     #: shares one mean and std, =none keeps the raw features
@@ -218,11 +234,11 @@ class CWRUBenchmark(Benchmark):
 
     @property
     def features(self) -> str:
-        return choice(self.config, "variant", "cwru feature kind", FEATURES, "fft", aliases={"default": "fft"})
+        return choice(self.options, "variant", "cwru feature kind", FEATURES, "fft", aliases={"default": "fft"})
 
     @property
     def windows_per_class(self) -> Optional[int]:
-        return count(self.config, "samples_per_class", "cwru")
+        return count(self.options, "samples_per_class", "cwru")
 
     def chosen_loads(self, loads: list[str]) -> list[str]:
         """The target and ``data.sources`` among ``loads``, or every load when no sources are named."""
@@ -239,7 +255,7 @@ class CWRUBenchmark(Benchmark):
         """{domain: {class: (path, recording number or None)}}; the classes are chosen on first call."""
         if self._files is not None:
             return self._files
-        named = class_option(self.config)
+        named = class_option(self.options)
         root = root_folder(self.config, "cwru", f"one sub-folder per load ({_LAYOUT})")
         folders = {p.name: p for p in sorted(root.iterdir()) if p.is_dir() and p.name in DOMAINS}
         if len(folders) < 2:

@@ -35,6 +35,7 @@ import logging
 import re
 import time
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
@@ -176,6 +177,17 @@ class ImageFolderBenchmark(Benchmark):
     RGB, resized to ``data.image_size`` (default 32) and cached; 80/20 split from ``data.seed``.
     """
 
+    @dataclass(frozen=True)
+    class Options:
+        """``data.image_size``: the side images are resized to (None: 32); ``data.classes``: the classes, in label
+        order (empty: every class folder, the same in every domain in play)."""
+
+        image_size: Optional[int] = None
+        classes: tuple[str, ...] = ()
+
+        def __post_init__(self):
+            count(self, "image_size", "images", minimum=MIN_IMAGE_SIZE)
+
     def __init__(self, data_config):
         super().__init__(data_config)
         self._tree: Optional[Tree] = None
@@ -201,7 +213,7 @@ class ImageFolderBenchmark(Benchmark):
     @property
     def classes(self) -> tuple[str, ...]:
         if self._classes is None:
-            named = tuple(str(c) for c in (getattr(self.config, "classes", None) or ()))
+            named = tuple(str(c) for c in self.options.classes)
             self._classes = choose_classes(self.tree(), self.in_play(), named)
             logger.info("images: %d classes: %s", len(self._classes), ", ".join(self._classes))
         return self._classes
@@ -212,7 +224,7 @@ class ImageFolderBenchmark(Benchmark):
 
     @property
     def image_size(self) -> int:
-        size = count(self.config, "image_size", "images", minimum=MIN_IMAGE_SIZE)
+        size = count(self.options, "image_size", "images", minimum=MIN_IMAGE_SIZE)
         return DEFAULT_IMAGE_SIZE if size is None else size
 
     def files(self, domain: str) -> tuple[list[Path], np.ndarray]:

@@ -123,6 +123,12 @@ def plain_mat_form(variables: dict) -> Optional[str]:
     return None
 
 
+def _form_option(options) -> str:
+    """``data.variant`` as a feature form name, or "auto"."""
+    aliases = {"default": "auto", "decaf": "decaf6"}
+    return choice(options, "variant", "office_caltech feature form", ["auto"] + list(FORMS), "auto", aliases=aliases)
+
+
 @BENCHMARKS.register("office_caltech")
 class OfficeCaltechBenchmark(Benchmark):
     """Office-Caltech10 features from your files (--set data.root=DIR): amazon, caltech, dslr, webcam
@@ -131,6 +137,16 @@ class OfficeCaltechBenchmark(Benchmark):
     ``<domain>.mat`` (``fts``) or ResNet-50 ``<domain>.npz``; ``data.variant`` = auto | surf | decaf6 |
     googlenet1024 | caffenet4096 | resnet50.
     """
+
+    @dataclass(frozen=True)
+    class Options:
+        """``data.variant``: the feature form, "auto" (or "default": the first form whose files are there), "surf",
+        "decaf6" (or "decaf"), "googlenet1024", "caffenet4096" or "resnet50"."""
+
+        variant: str = "default"
+
+        def __post_init__(self):
+            _form_option(self)
 
     #: each client standardizes by its own training statistics, nothing shared: what the FedDaDiL authors'
     #: code does (and Gong et al.'s z-scored Office-Caltech10 release); --set data.normalization=federated
@@ -150,9 +166,7 @@ class OfficeCaltechBenchmark(Benchmark):
     # ------------------------------------------------------------------ files
 
     def _form_names(self) -> tuple[str, ...]:
-        choices = ["auto"] + list(FORMS)
-        aliases = {"default": "auto", "decaf": "decaf6"}
-        variant = choice(self.config, "variant", "office_caltech feature form", choices, "auto", aliases=aliases)
+        variant = _form_option(self.options)
         return AUTO_ORDER if variant == "auto" else (variant,)
 
     def _named(self) -> list[str]:

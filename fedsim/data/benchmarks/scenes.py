@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
@@ -74,15 +75,24 @@ class ScenesBenchmark(Benchmark):
     default_target = "dusk"
     DOMAINS = tuple(SPECS)
 
+    @dataclass(frozen=True)
+    class Options:
+        """``data.variant``: the sizes, "default" (128 x 128 pixels) or "tiny" (64 x 64, fewer images)."""
+
+        variant: str = "default"
+
+        def __post_init__(self):
+            choice(self, "variant", "variant of benchmark 'scenes'", VARIANTS, "default")
+
     def __init__(self, data_config):
         super().__init__(data_config)
-        self.variant = VARIANTS[choice(data_config, "variant", "variant of benchmark 'scenes'", VARIANTS, "default")]
+        self.variant = VARIANTS[choice(self.options, "variant", "variant of benchmark 'scenes'", VARIANTS, "default")]
 
     def domains(self) -> list[str]:
         return list(self.DOMAINS)
 
     def cache_name(self, domain: str) -> str:
-        return f"scenes-{VERSION}-{self.config.variant}-{domain}-seed{int(self.config.seed)}"
+        return f"scenes-{VERSION}-{self.options.variant}-{domain}-seed{int(self.config.seed)}"
 
     def build_arrays(self, domain: str) -> dict[str, np.ndarray]:
         """The full uint8 arrays of one domain, from the cache or built and cached."""

@@ -30,6 +30,8 @@ from __future__ import annotations
 import hashlib
 import logging
 import time
+from dataclasses import dataclass
+from typing import Optional
 
 import numpy as np
 
@@ -87,18 +89,28 @@ class TEPBenchmark(Benchmark):
     """Tennessee Eastman process (tep-studio): six operating modes, normal + faults, 53 raw features
 
     Configuration read from the data section: ``seed``, ``cache_dir``,
-    ``max_train_per_domain``, and (when present) ``variant`` ("default": normal + idv
-    01, 02, 04, 07, 13; "hard": adds idv 08 and 17), ``samples_per_class`` (train + test
-    per class and mode, default 200) and ``sources`` (the source modes; default: all
-    modes but the target).
+    ``max_train_per_domain``, ``sources`` (the source modes; default: all modes but the
+    target) and its own options (:class:`TEPBenchmark.Options`).
     """
+
+    @dataclass(frozen=True)
+    class Options:
+        """``data.variant``: "default" (normal + idv 01, 02, 04, 07, 13) or "hard" (adds idv 08 and 17);
+        ``data.samples_per_class``: train + test samples per class and mode (None: 200)."""
+
+        variant: str = "default"
+        samples_per_class: Optional[int] = None
+
+        def __post_init__(self):
+            choice(self, "variant", "tep variant", sorted(VARIANTS), "default")
+            count(self, "samples_per_class", "tep")
 
     default_normalization = "federated"  # one standardization shared by all clients, from their sums
     default_target = "mode2"
 
     @property
     def variant(self) -> str:
-        return choice(self.config, "variant", "tep variant", sorted(VARIANTS), "default")
+        return choice(self.options, "variant", "tep variant", sorted(VARIANTS), "default")
 
     @property
     def classes(self) -> tuple[str, ...]:
@@ -106,7 +118,7 @@ class TEPBenchmark(Benchmark):
 
     @property
     def samples_per_class(self) -> int:
-        value = count(self.config, "samples_per_class", "tep")
+        value = count(self.options, "samples_per_class", "tep")
         return DEFAULT_SAMPLES_PER_CLASS if value is None else value
 
     def domains(self) -> list[str]:
