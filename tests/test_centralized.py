@@ -10,6 +10,7 @@ from fedsim.api import run_experiment
 from fedsim.config import load_config
 from fedsim.data.base import ArraySplit
 from fedsim.data.scenario import build_federation, load_client_data
+from fedsim.messages import LocalSettings
 from fedsim.methods.base import Method
 from fedsim.methods.centralized import Centralized
 from fedsim.methods.common.classifier import GlobalClassifier
@@ -44,7 +45,8 @@ def test_server_trains_the_pool_with_the_fedavg_loop_and_its_own_seed(toy_overri
     model = classifier.build()
     seed = derive_seed(config.run.seed, 1, -1, "centralized")
     with torch_threads(SERVER_THREADS):  # as the server runs it
-        loss = classifier.train(model, initial, ArraySplit(pool["x"], pool["y"]), seed)
+        settings = LocalSettings.from_method(config.method)
+        loss = classifier.train(model, initial, ArraySplit(pool["x"], pool["y"]), settings, seed)
     assert metrics["train_loss"] == loss and metrics["pool_size"] == len(pool["y"])
     for name, value in model_to_numpy(model).items():
         np.testing.assert_array_equal(server.state["weights"][name], value, err_msg=name)

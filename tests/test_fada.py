@@ -12,7 +12,7 @@ from fedsim.api import run_experiment
 from fedsim.config import load_config
 from fedsim.data.scenario import build_federation, load_client_data
 from fedsim.errors import UserError
-from fedsim.messages import Instruction
+from fedsim.messages import Instruction, LocalSettings
 from fedsim.methods.fada import FADA
 from fedsim.methods.fada.attention import apply_deltas, dynamic_attention, gap_statistic, softmax
 from fedsim.methods.fada.batches import batch_steps
@@ -85,19 +85,20 @@ def test_model_three_runs_every_stage_and_reports_its_metrics(model_three):
     for i, (features, align) in enumerate(pairs):
         rnd, step = 1 + i // 3, 1 + i % 3
         seed = derive_seed(derive_seed(config.run.seed, rnd, tid, "features"), step)
-        assert features[tid].config["seed"] == align[tid].config["seed"] == seed
-        assert align[tid].config["round"] == rnd and align[tid].config["step"] == step
+        assert features[tid].seed == align[tid].seed == seed
+        assert align[tid].round == rnd and align[tid].values == {"step": step}
     for rnd, update in enumerate(instructions(executor, "update"), start=1):
-        assert update[tid].config == {
-            "seed": derive_seed(config.run.seed, rnd, tid, "update"),
-            "round": rnd,
+        assert (update[tid].seed, update[tid].round) == (derive_seed(config.run.seed, rnd, tid, "update"), rnd)
+        assert update[tid].values == {
             "sources": federation.source_ids,
             "identifiers_won": history[rnd - 1]["mean_domain_identifier_accuracy"] >= 0.99,
         }
+    settings = {ins.local for call in executor.calls for ins in call[0].values()}
+    assert settings == {LocalSettings.from_method(config.method)}  # every stage's instruction carries them
     # only the last source stage of a round sends the deltas
     for operation, last in (("fit", False), ("adversarial", False), ("disentangle", True)):
         calls = instructions(executor, operation)
-        assert [ins.config["send_delta"] for call in calls for ins in call.values()] == [last] * 2 * len(calls)
+        assert [ins.values["send_delta"] for call in calls for ins in call.values()] == [last] * 2 * len(calls)
     sources = {federation.info(c).domain for c in federation.source_ids}
     for metrics in history:
         assert set(metrics["attention"]) == sources and math.isclose(
@@ -157,9 +158,7 @@ def test_target_training_operations_never_read_labels(model_three, toy_overrides
     state = executor.host._state[tid]
     for operation in ("fit", "adversarial", "disentangle"):  # the labeled stages refuse the target by its role
         with pytest.raises(ValueError, match="source clients only"):
-            getattr(method, operation)(
-                Instruction(operation, server.state["weights"], {"seed": 1, "round": 1}), state, guarded
-            )
+            getattr(method, operation)(Instruction(operation, server.state["weights"], round=1, seed=1), state, guarded)
 
 
 def _raw_rows(data):

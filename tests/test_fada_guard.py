@@ -113,8 +113,8 @@ def target_update(toy_overrides, train, identifiers_won, *extra):
     load_numpy(net, aligned)
     state["round_start"] = start
     tensors = {f"{cid}:{name}": d[name] for cid, d in zip(sources, deltas) for name in d}
-    config = {"seed": 11, "round": 1, "sources": sources, "identifiers_won": identifiers_won}
-    reply, state = method.update(Instruction("update", tensors, config), state, data)
+    values = {"sources": sources, "identifiers_won": identifiers_won}
+    reply, state = method.update(Instruction("update", tensors, round=1, seed=11, values=values), state, data)
     assert "round_start" not in state
     return reply, start, aligned, deltas, sources
 
@@ -165,7 +165,7 @@ def test_a_dropped_alignment_leaves_the_attention_update_of_the_round_start_weig
     metrics = server.run_round(1, evaluate=False)
     tid = federation.target_ids[0]
     update = next(ins[tid] for ins, _ in executor.calls if tid in ins and ins[tid].operation == "update")
-    assert update.config["identifiers_won"] is True and metrics["guard_kept_alignment"] == 0.0
+    assert update.values["identifiers_won"] is True and metrics["guard_kept_alignment"] == 0.0
     sources = federation.source_ids
     deltas = [{name: update.tensors[f"{cid}:{name}"] for name in start} for cid in sources]
     attention = [metrics["attention"][server.method.labels[cid]] for cid in sources]

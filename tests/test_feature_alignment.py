@@ -14,6 +14,7 @@ from fedsim.data.base import ArraySplit
 from fedsim.data.scenario import build_federation, load_client_data
 from fedsim.errors import UserError
 from fedsim.losses import DANNLoss, MMDLoss
+from fedsim.messages import LocalSettings
 from fedsim.methods.common.aggregation import weighted_average
 from fedsim.methods.common.alignment import TARGET_FEATURES, AlignmentObjective, encode_subset, steps_per_epoch
 from fedsim.methods.common.training import train_epochs
@@ -36,7 +37,8 @@ def setup(toy_overrides, method_name, *extra):
 
 def target_features(config, federation, executor, state, rnd):
     """Stage 1 of a round on its own: every target client's ``features`` reply."""
-    return RoundContext(executor, config.run.seed, rnd).call("features", state["weights"], federation.target_ids)
+    ctx = RoundContext(executor, config.run.seed, rnd, LocalSettings.from_method(config.method))
+    return ctx.call("features", state["weights"], federation.target_ids)
 
 
 def test_target_replies_to_features_with_encoded_features_only(toy_overrides):
@@ -119,7 +121,8 @@ def test_lambda_ramp_counts_every_batch_of_an_epoch_including_a_skipped_one():
 def test_sources_get_one_shared_payload_with_the_target_features(toy_overrides):
     config, federation, executor, method = setup(toy_overrides, "fedmmd", "method.target_batch=32")
     state = method.init_server()
-    new_state, metrics = method.run_round(RoundContext(executor, config.run.seed, 1), state)
+    settings = LocalSettings.from_method(config.method)
+    new_state, metrics = method.run_round(RoundContext(executor, config.run.seed, 1, settings), state)
     (feature_instructions, feature_replies), (fit_instructions, fit_replies) = executor.calls
     assert {ins.operation for ins in feature_instructions.values()} == {"features"}
     assert sorted(feature_instructions) == federation.target_ids
@@ -137,13 +140,12 @@ def test_sources_get_one_shared_payload_with_the_target_features(toy_overrides):
         assert {"train_loss", "domain_loss"} <= set(reply.metrics)
     assert metrics["target_features"] == len(sent)
     assert set(metrics["domain_loss"]) == {str(c) for c in federation.source_ids}
-    # each stage's seeds are the round's seeds of its own operation; the fit instructions also carry the round's
+    # each stage's seeds are the round's seeds of its own operation; every instruction also carries the round's
     # local-update settings (epochs, batch size, SGD's rate, momentum, weight decay); the server averages like FedAvg
-    settings = {"features": {}, "fit": method.client_settings(1)}
-    assert set(settings["fit"]) == {"local_epochs", "batch_size", "lr", "momentum", "weight_decay"}
+    assert method.client_settings(1) == settings
     for cid, ins in {**feature_instructions, **fit_instructions}.items():
         seed = derive_seed(config.run.seed, 1, cid, ins.operation)
-        assert ins.config == {"seed": seed, "round": 1, **settings[ins.operation]}
+        assert (ins.seed, ins.round, ins.local, ins.values) == (seed, 1, settings, {})
     expected = weighted_average(
         [r.tensors for r in fit_replies.values()], [r.num_examples for r in fit_replies.values()]
     )

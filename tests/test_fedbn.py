@@ -96,7 +96,7 @@ def test_target_reestimates_bn_from_unlabeled_inputs(image_overrides):
         data = load_client_data(config.data, federation, tid)
         assert data.train.y is None
         method, state = executor.host.method, executor.host.private_state(tid)
-        method.evaluate(Instruction("evaluate", server.state["weights"], {"round": 2}), state, data)
+        method.evaluate(Instruction("evaluate", server.state["weights"], round=2), state, data)
         model = state["model"]
         first_bn = model.state_dict()["encoder.1.running_mean"].numpy()
         if target_bn == "adabn":  # one batch: the exact channel mean of the first conv on the target's train inputs

@@ -354,10 +354,7 @@ def test_vector_inputs_learn_on_a_frozen_mlp_encoder(toy_overrides):
     assert all(np.array_equal(server.state["weights"][k], v) for k, v in encoder_weights.items())
     features = np.concatenate([executor.host.private_state(c)["train_features"].numpy() for c in federation.client_ids])
     assert features.shape[1] == 12
-    epochs = {
-        next(iter(ins.values())).operation: next(iter(ins.values())).config.get("local_epochs")
-        for ins, _ in executor.calls
-    }
+    epochs = {ins.operation: ins.local.local_epochs for call, _ in executor.calls for ins in call.values()}
     assert epochs["fit"] == 2 and epochs["dil"] == 1  # the encoder's epochs apart from the dictionary's E
     np.testing.assert_allclose(features.mean(0), 0.0, atol=1e-4)
 
@@ -373,7 +370,7 @@ def test_dadil_alphas_live_in_the_server_state(toy_overrides):
         assert "train_features" not in executor.host.private_state(cid)  # uploaded: the client keeps no copy
         alpha = server.state["alphas"][cid]
         assert alpha.sum() == pytest.approx(1.0, abs=1e-5) and not np.allclose(alpha, 1 / 5)
-        assert evaluations[cid].config["alpha"] == [float(a) for a in alpha]
+        assert evaluations[cid].values["alpha"] == [float(a) for a in alpha]
     assert not any(isinstance(v, dict) for v in vars(server.method).values()), "no per-call state on the method"
 
 

@@ -16,6 +16,7 @@ from fedsim.models.detector import DetectorSpec, build_detector, head_keys, save
 from fedsim.models.normalization import bn_keys
 from fedsim.registry import METHODS
 from fedsim.runtime import Server
+from fedsim.seeding import derive_seed
 
 FAMILIES = {"wg", "wb", "wi", "wi_final", "ens_wbf", "ens_nms", "ens_soft_nms", "ens_nmw"}
 FUSIONS = ("wbf", "nms", "soft_nms", "nmw")
@@ -145,7 +146,8 @@ def test_final_ensemble_uses_the_fine_tune_of_the_final_global_model(fedod_run):
     _, _, executor, server, _ = fedod_run
     host, farm = executor.host, 1
     fits = [ins[farm] for ins, _ in executor.calls if farm in ins and ins[farm].operation == "fit"]
-    assert len(fits) == 2 and fits[1].config["slot"] == "final" and fits[1].config["seed"] != fits[0].config["seed"]
+    assert [fit.values["slot"] for fit in fits] == ["personal", "final"] and fits[1].seed != fits[0].seed
+    assert fits[1].seed == derive_seed(server.config.run.seed, fits[1].round, farm, "final_fit")
     w_g = server.state["weights"]  # w_g^R, the last distillation's student
     assert all(np.array_equal(fits[1].tensors[k], w_g[k]) for k in w_g)
     final = host.private_state(farm)["own"]["final"]
@@ -153,11 +155,11 @@ def test_final_ensemble_uses_the_fine_tune_of_the_final_global_model(fedod_run):
     assert all(np.array_equal(final[k], on_server[k]) for k in final)
     assert any(not np.array_equal(final[k], w_g[k]) for k in final)
     evaluations = [ins for ins, _ in executor.calls if next(iter(ins.values())).operation == "evaluate"]
-    predictors = evaluations[-1][farm].config["predictors"]
+    predictors = evaluations[-1][farm].values["predictors"]
     assert predictors["ens_wbf"]["sources"] == ["payload:wg", "own:final"] and predictors["wi_final"]["sources"] == [
         "own:final"
     ]
-    assert evaluations[-1][0].config["predictors"][f"ens_wbf@{farm}"]["sources"] == ["payload:wg", f"own:final@{farm}"]
+    assert evaluations[-1][0].values["predictors"][f"ens_wbf@{farm}"]["sources"] == ["payload:wg", f"own:final@{farm}"]
 
 
 def test_two_identical_teachers_distil_as_one():

@@ -86,7 +86,8 @@ def test_fedavg_trains_only_labeled_sources_with_one_shared_payload_and_derived_
     assert all(ins.operation == "fit" for ins in instructions.values())
     assert len({id(ins.tensors) for ins in instructions.values()}) == 1  # serialized once by the executors
     ctx = RoundContext(capture, 7, 3)
-    assert [ins.config["seed"] for ins in instructions.values()] == [ctx.seed(0, "fit"), ctx.seed(1, "fit")]
+    assert [ins.seed for ins in instructions.values()] == [ctx.seed(0, "fit"), ctx.seed(1, "fit")]
+    assert all(ins.round == 3 and ins.values == {} for ins in instructions.values())
     assert ctx.seed(0, "fit") != ctx.seed(1, "fit") != RoundContext(capture, 7, 4).seed(1, "fit")
 
 

@@ -79,7 +79,7 @@ def _nan_in_round(round_, client):
 
     def fit(self, instruction, state, data):
         reply, state = original(self, instruction, state, data)
-        if instruction.config["round"] == round_ and data.client_id == client:
+        if instruction.round == round_ and data.client_id == client:
             name = next(iter(reply.tensors))
             reply.tensors[name] = np.full_like(reply.tensors[name], np.nan)
         return reply, state

@@ -12,9 +12,8 @@ from fedsim.api import run_experiment
 from fedsim.config import load_config
 from fedsim.data.scenario import build_federation
 from fedsim.errors import UserError
-from fedsim.messages import Instruction
+from fedsim.messages import Instruction, LocalSettings
 from fedsim.methods.common import vectorized
-from fedsim.methods.common.settings import LocalSettings
 from fedsim.methods.fedprox import FedProx
 from fedsim.models import build_model
 from fedsim.runtime.client_host import ClientHost
@@ -32,9 +31,9 @@ def _config(toy_overrides, method, mode, extra=()):
 
 def _fit_items(config, federation, host):
     weights = host.method.init_server()["weights"]
-    settings = LocalSettings.from_method(config.method).to_config()
+    settings = LocalSettings.from_method(config.method)
     return [
-        (cid, Instruction("fit", weights, {"seed": derive_seed(0, 1, cid, "fit"), "round": 1, **settings}))
+        (cid, Instruction("fit", weights, round=1, seed=derive_seed(0, 1, cid, "fit"), local=settings))
         for cid in federation.source_ids
     ]
 

@@ -8,10 +8,9 @@ from conftest import batch_sizes_of
 from fedsim.config import load_config
 from fedsim.data.scenario import build_federation
 from fedsim.losses.mmd import gaussian_mmd2
-from fedsim.messages import Instruction
+from fedsim.messages import Instruction, LocalSettings
 from fedsim.methods.common import vectorized_alignment
 from fedsim.methods.common.alignment import TARGET_FEATURES
-from fedsim.methods.common.settings import LocalSettings
 from fedsim.runtime.client_host import ClientHost
 from fedsim.seeding import derive_seed
 
@@ -51,11 +50,11 @@ def _fit(config, groups=None):
     host = ClientHost(config, federation, federation.client_ids)
     weights = host.method.init_server()["weights"]
     target = federation.target_ids[0]
-    features = host.execute(target, Instruction("features", weights, {"seed": 7})).tensors["features"]
+    settings = LocalSettings.from_method(config.method)
+    features = host.execute(target, Instruction("features", weights, seed=7, local=settings)).tensors["features"]
     payload = {**weights, TARGET_FEATURES: features}
-    settings = LocalSettings.from_method(config.method).to_config()
     items = [
-        (cid, Instruction("fit", payload, {"seed": derive_seed(0, 2, cid, "fit"), "round": 2, **settings}))
+        (cid, Instruction("fit", payload, round=2, seed=derive_seed(0, 2, cid, "fit"), local=settings))
         for cid in federation.source_ids
     ]
     size = groups or len(items)

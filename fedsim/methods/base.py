@@ -3,7 +3,7 @@
 Server half (runs where the global state lives):
     ``init_server() -> state``
     ``run_round(ctx, state) -> (state, metrics)``: the round as a sequence of stages, each one exchange
-    ``ctx.call(operation, tensors, clients, config=...) -> {client_id: Reply}`` (see
+    ``ctx.call(operation, tensors, clients, values) -> {client_id: Reply}`` (see
     :class:`fedsim.runtime.context.RoundContext`), in the order of the paper's algorithm box.
     ``evaluate_round(ctx, state) -> metrics``: by default every client evaluates ``evaluation_tensors(state)``.
     :class:`SingleExchange` gives ``run_round`` to methods that are one exchange per round
@@ -11,7 +11,9 @@ Server half (runs where the global state lives):
 
 Client half (runs where the client's data lives):
     ``init_client(data) -> private state``
-    operations marked ``@client_operation``, each ``(instruction, private_state, data) -> (Reply, private_state)``.
+    operations marked ``@client_operation``, each ``(instruction, private_state, data) -> (Reply, private_state)``;
+    the instruction carries the round, the seed and the local update's settings (``client_settings``) as typed
+    fields (:class:`fedsim.messages.Instruction`).
 
 Private client state (a personalized head, norm statistics, barycentric
 coordinates) stays in the client's process and never appears in a Reply.
@@ -27,9 +29,8 @@ import numpy as np
 from fedsim.config import ExperimentConfig, NoParams
 from fedsim.data.base import ClientData
 from fedsim.data.scenario import Federation
-from fedsim.messages import Instruction, Reply, Tensors
+from fedsim.messages import Instruction, LocalSettings, Reply, Tensors
 from fedsim.methods.common.evaluation import summarize_evaluation
-from fedsim.methods.common.settings import LocalSettings
 from fedsim.seeding import derive_seed
 
 ServerState = dict
@@ -117,11 +118,11 @@ class Method:
         """Refuse a scenario this method cannot run (raise UserError); called before anything is written."""
 
     # ---- helpers ----------------------------------------------------------
-    def client_settings(self, rnd: int) -> dict[str, Any]:
+    def client_settings(self, rnd: int) -> LocalSettings:
         """The settings of the local update in round ``rnd`` (epochs, batch size, SGD's rate, momentum, weight
-        decay) that the server half puts in each training instruction's config, as Flower's fit config does.
+        decay), which every instruction of the round carries, as Flower's fit config does.
         Default: the ``method`` section's values in every round; override to vary them by round."""
-        return LocalSettings.from_method(self.config.method).to_config()
+        return LocalSettings.from_method(self.config.method)
 
     def sample_clients(self, rnd: int, candidates: list[int]) -> list[int]:
         """The clients that work in round ``rnd`` (``run.clients_per_round``), drawn from the seed alone."""
@@ -172,12 +173,12 @@ class Method:
 
 @dataclass(frozen=True)
 class Exchange:
-    """One round's single exchange: ``operation`` with ``tensors`` on ``clients`` (``config`` as in ctx.call)."""
+    """One round's single exchange: ``operation`` with ``tensors`` on ``clients`` (``values`` as in ctx.call)."""
 
     operation: str
     tensors: Any
     clients: Iterable[int]
-    config: Any = field(default=None)
+    values: Any = field(default=None)
 
 
 class SingleExchange(Method):
@@ -191,5 +192,5 @@ class SingleExchange(Method):
 
     def run_round(self, ctx, state: ServerState) -> tuple[ServerState, dict]:
         exchange = self.configure(ctx, state)
-        replies = ctx.call(exchange.operation, exchange.tensors, exchange.clients, exchange.config)
+        replies = ctx.call(exchange.operation, exchange.tensors, exchange.clients, exchange.values)
         return self.aggregate(ctx, state, replies)

@@ -34,7 +34,6 @@ from fedsim.messages import Instruction, Reply
 from fedsim.methods.base import Method, ServerState, client_operation
 from fedsim.methods.common.classifier import GlobalClassifier
 from fedsim.methods.common.pooling import gather_sources, labeled_upload
-from fedsim.methods.common.settings import LocalSettings
 from fedsim.methods.common.training import model_to_numpy
 from fedsim.registry import METHODS
 
@@ -61,8 +60,8 @@ class Centralized(Method):
         pool = state["pool"]
         with torch.random.fork_rng(devices=[]):  # building the model seeds torch: leave the global RNG as it was
             model = self.pooled.shared()
-        split, settings = ArraySplit(pool["x"], pool["y"]), LocalSettings.from_config(self.client_settings(ctx.round))
-        loss = self.pooled.train(model, state["weights"], split, seed=ctx.seed(-1, "centralized"), settings=settings)
+        split, settings = ArraySplit(pool["x"], pool["y"]), self.client_settings(ctx.round)
+        loss = self.pooled.train(model, state["weights"], split, settings, ctx.seed(-1, "centralized"))
         return {**state, "weights": model_to_numpy(model)}, {"train_loss": loss, "pool_size": int(len(pool["y"]))}
 
     # ---- client half ------------------------------------------------------

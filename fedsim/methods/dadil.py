@@ -33,7 +33,6 @@ from fedsim.methods.base import ServerState, client_operation
 from fedsim.methods.common import dictionary as dil
 from fedsim.methods.common import dictionary_sampling as sampling
 from fedsim.methods.common.dictionary_predictors import evaluate_predictors
-from fedsim.methods.common.settings import LocalSettings
 from fedsim.methods.families.dictionary import DictionaryMethod
 from fedsim.registry import METHODS
 
@@ -64,7 +63,7 @@ class DaDiL(DictionaryMethod):
         atoms_x = torch.tensor(state["atoms_x"], requires_grad=True)
         atoms_logits = torch.tensor(state["atoms_logits"], requires_grad=True)
         alphas = {cid: torch.tensor(a, requires_grad=True) for cid, a in state["alphas"].items()}
-        momentum = self.client_settings(ctx.round)["momentum"]
+        momentum = self.client_settings(ctx.round).momentum
         optimizer = dil.make_optimizer(self.params, momentum, [atoms_x, atoms_logits], list(alphas.values()))
         if "optimizer" in state:
             optimizer.load_state_dict(state["optimizer"])
@@ -84,7 +83,7 @@ class DaDiL(DictionaryMethod):
         """E epochs of n // n_b steps (Alg. 2). Each step, every domain draws its own data mini-batch and its
         own class-balanced atom mini-batch; one step on the summed loss, every alpha_l projected on the simplex.
         Returns the last epoch's losses."""
-        p, settings = self.params, LocalSettings.from_config(self.client_settings(ctx.round))
+        p, settings = self.params, self.client_settings(ctx.round)
         batch_size, classes = settings.batch_size, self.federation.num_classes
         data = {}
         for cid, (x, y) in pool.items():
@@ -145,7 +144,7 @@ class DaDiL(DictionaryMethod):
         if "atoms_x" not in instruction.tensors:
             return self.encoder.evaluate(instruction, state, data)
         self.encoder.prepare(state, data, instruction.tensors)
-        alpha, seed = torch.tensor(instruction.config["alpha"], dtype=torch.float32), instruction.config["seed"]
+        alpha, seed = torch.tensor(instruction.values["alpha"], dtype=torch.float32), instruction.seed
         metrics = evaluate_predictors(
             instruction.tensors, alpha, state["test_features"], data.test.y, self.params, seed
         )

@@ -18,7 +18,6 @@ from fedsim.data.base import ClientData
 from fedsim.messages import Instruction, Reply
 from fedsim.methods.base import Exchange, Replies, ServerState, SingleExchange, client_operation
 from fedsim.methods.common.aggregation import federated_average
-from fedsim.methods.common.settings import LocalSettings
 from fedsim.registry import METHODS
 
 if TYPE_CHECKING:
@@ -47,7 +46,7 @@ class FedAvg(SingleExchange):
 
     def configure(self, ctx, state: ServerState) -> Exchange:
         clients = self.sample_clients(ctx.round, self.federation.source_ids)
-        return Exchange("fit", state["weights"], clients, self.client_settings(ctx.round))
+        return Exchange("fit", state["weights"], clients)
 
     def aggregate(self, ctx, state: ServerState, replies: Replies) -> tuple[ServerState, dict]:
         weights, metrics = federated_average(replies)
@@ -66,9 +65,8 @@ class FedAvg(SingleExchange):
         model = state["model"]
         from fedsim.methods.common.training import model_to_numpy
 
-        settings = LocalSettings.from_config(instruction.config, self.config.method)
-        seed, loss_fn = instruction.config["seed"], self.local_loss(instruction)
-        loss = self.classifier.train(model, instruction.tensors, data.train, seed, loss_fn, settings)
+        settings, loss_fn = instruction.local, self.local_loss(instruction)
+        loss = self.classifier.train(model, instruction.tensors, data.train, settings, instruction.seed, loss_fn)
         return Reply(data.client_id, model_to_numpy(model), {"train_loss": loss}, num_examples=len(data.train)), state
 
     def proximal_mu(self) -> float:
@@ -87,10 +85,10 @@ class FedAvg(SingleExchange):
 
         mu = self.proximal_mu()
         jobs = [
-            ClientJob(data.train.x, data.train.y, ins.tensors, ins.config["seed"], ins.tensors if mu else None)
+            ClientJob(data.train.x, data.train.y, ins.tensors, ins.seed, ins.tensors if mu else None)
             for ins, _, data in items
         ]
-        settings = [LocalSettings.from_config(ins.config, self.config.method) for ins, _, _ in items]
+        settings = [ins.local for ins, _, _ in items]
         weights, losses = train_grouped(self.classifier.shared(), jobs, settings, self.device, mu)
         return [
             (Reply(data.client_id, w, {"train_loss": loss}, num_examples=len(data.train)), state)

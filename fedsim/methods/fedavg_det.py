@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import Any, Callable, ClassVar, Optional
 
 from fedsim.data.base import ClientData
-from fedsim.messages import Instruction, Reply
+from fedsim.messages import Instruction, LocalSettings, Reply
 from fedsim.methods.base import ServerState, client_operation
 from fedsim.methods.common.aggregation import weighted_average
 from fedsim.methods.common.detection_eval import Family, Weights, with_prefix
@@ -72,15 +72,15 @@ class FedAvgDetection(DetectionMethod):
         return shared, server
 
     # ---- client half ------------------------------------------------------
-    def local_steps(self, model: Detector, data: DetectionSet, seed: int) -> float:
+    def local_steps(self, model: Detector, data: DetectionSet, settings: LocalSettings, seed: int) -> float:
         """The local update (FedRep overrides it with its head-then-body schedule)."""
-        return self.local_train(model, data, self.params.client_iters, seed)
+        return self.local_train(model, data, self.params.client_iters, settings, seed)
 
     @client_operation
     def fit(self, instruction: Instruction, state: Any, data: ClientData) -> tuple[Reply, Any]:
         model = state["model"]
         load_numpy(model, {**instruction.tensors, **state["own"].get("personal", {})})
-        loss = self.local_steps(model, self.train_set(state, data), instruction.config["seed"])
+        loss = self.local_steps(model, self.train_set(state, data), instruction.local, instruction.seed)
         weights = model_to_numpy(model)
         personal = self.personal_keys(model) if self.personal_keys is not None else set()
         if personal:

@@ -29,7 +29,6 @@ from fedsim.losses import DomainLoss, MMDLoss
 from fedsim.losses.mmd import DEFAULT_MULTIPLIERS
 from fedsim.messages import Instruction, Reply
 from fedsim.methods.common.alignment import TARGET_FEATURES, steps_per_epoch
-from fedsim.methods.common.settings import LocalSettings
 from fedsim.methods.families.alignment import AlignmentParams, FeatureAlignment
 from fedsim.registry import METHODS
 from fedsim.seeding import derive_seed
@@ -76,19 +75,17 @@ class FedMMD(FeatureAlignment):
         from fedsim.methods.common.vectorized_alignment import AlignmentJob, train_alignment_grouped
 
         if any(
-            len(ins.tensors[TARGET_FEATURES]) < ins.config.get("batch_size", self.config.method.batch_size)
-            for ins, _, _ in items
+            len(ins.tensors[TARGET_FEATURES]) < ins.local.batch_size for ins, _, _ in items
         ):  # fewer target rows than a batch: the loop's unequal-size MMD
             return [self.fit(instruction, state, data) for instruction, state, data in items]
         jobs, settings, targets = [], [], []
         for instruction, _, data in items:
             if data.train.y is None:
                 raise ValueError("fit needs labels: only source clients train, the target client only sends features")
-            local = LocalSettings.from_config(instruction.config, self.config.method)
-            seed = instruction.config["seed"]
+            local, seed = instruction.local, instruction.seed
             weights = {k: v for k, v in instruction.tensors.items() if k != TARGET_FEATURES}
             batches, _ = steps_per_epoch(len(data.train), local.batch_size)
-            schedule = self.step_schedule(instruction.config["round"], local.local_epochs * batches)
+            schedule = self.step_schedule(instruction.round, local.local_epochs * batches)
             job = ClientJob(data.train.x, data.train.y, weights, seed)
             jobs.append(AlignmentJob(job, derive_seed(seed, "target-batch"), schedule))
             settings.append(local)

@@ -49,7 +49,6 @@ from fedsim.messages import Instruction, Reply
 from fedsim.methods.base import Method, ServerState, client_operation
 from fedsim.methods.common.aggregation import weighted_average
 from fedsim.methods.common.classifier import GlobalClassifier
-from fedsim.methods.common.settings import LocalSettings
 from fedsim.methods.common.training import (
     evaluate_model,
     load_numpy,
@@ -127,7 +126,7 @@ class FedRep(Method):
 
     def run_round(self, ctx, state: ServerState) -> tuple[ServerState, dict]:
         clients = self.sample_clients(ctx.round, self.federation.source_ids)
-        replies = ctx.call("fit", state["weights"], clients, self.client_settings(ctx.round))
+        replies = ctx.call("fit", state["weights"], clients)
         weights = weighted_average([r.tensors for r in replies.values()], [r.num_examples for r in replies.values()])
         keys = sorted({key for r in replies.values() for key in r.metrics})  # train_loss, head_loss
         return {**state, "weights": weights}, {
@@ -155,11 +154,7 @@ class FedRep(Method):
     def fit(self, instruction: Instruction, state: Any, data: ClientData) -> tuple[Reply, Any]:
         """tau_h head epochs on the frozen representation's features, then the representation's epochs (head
         frozen); only phi goes back."""
-        model, method, seed = (
-            state["model"],
-            LocalSettings.from_config(instruction.config, self.config.method),
-            instruction.config["seed"],
-        )
+        model, method, seed = state["model"], instruction.local, instruction.seed
         load_numpy(model, {**instruction.tensors, **self.own_head(state)})
         metrics = {}
         if self.params.head_epochs:

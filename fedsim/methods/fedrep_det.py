@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fedsim.errors import UserError
+from fedsim.messages import LocalSettings
 from fedsim.methods.common.detection_training import DetectionSet
 from fedsim.methods.families.detection import DetectionParams
 from fedsim.methods.fedavg_det import FedAvgDetection
@@ -37,7 +38,7 @@ class FedRepDetection(FedAvgDetection):
 
     personal_keys = staticmethod(head_keys)
 
-    def local_steps(self, model: Detector, data: DetectionSet, seed: int) -> float:
+    def local_steps(self, model: Detector, data: DetectionSet, settings: LocalSettings, seed: int) -> float:
         loss = 0.0
         for part, frozen, steps, stage in (
             (model.head, model.backbone, self.params.head_iters, "head"),
@@ -45,7 +46,8 @@ class FedRepDetection(FedAvgDetection):
         ):
             frozen.requires_grad_(False)
             try:
-                loss = self.local_train(model, data, steps, derive_seed(seed, stage), parameters=part.parameters())
+                seed_of_stage = derive_seed(seed, stage)
+                loss = self.local_train(model, data, steps, settings, seed_of_stage, parameters=part.parameters())
             finally:
                 frozen.requires_grad_(True)
         return loss

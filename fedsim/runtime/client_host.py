@@ -117,7 +117,7 @@ class ClientHost:
         return [(client_id, instruction, self._client(client_id)) for client_id, instruction in items]
 
     def _where(self, client_id: int, instruction: Instruction) -> dict:
-        return {"method": self.config.method.name, "round": instruction.config.get("round"), "client": client_id}
+        return {"method": self.config.method.name, "round": instruction.round, "client": client_id}
 
     def _checked(self, client_id: int, instruction: Instruction, reply: Reply) -> Reply:
         """``reply`` after the checks every reply passes: its client id, and finite tensors."""
@@ -134,7 +134,7 @@ class ClientHost:
         if instruction.operation == normalization.DATA_STATS:
             stats = normalization.feature_stats(data.train.x)
             return Reply(client_id, stats.to_tensors(), {}, num_examples=len(data.train))
-        if instruction.config.get("own_statistics"):
+        if instruction.values.get("own_statistics", False):
             mean, std = normalization.mean_std(normalization.feature_stats(data.train.x))
         else:
             mean, std = instruction.tensors["mean"], instruction.tensors["std"]

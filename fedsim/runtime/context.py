@@ -2,32 +2,34 @@
 
     replies = ctx.call("fit", weights, clients)          # {client_id: Reply}, sorted by client id
 
-``call`` builds one Instruction per client with the seed derived from (root seed,
-round, client, operation) and the round number in its config, runs them through
-the executor (serially, or on Ray actors), and counts the bytes of what crossed
-the wire. It behaves the same on every backend, so a method never sees which one
-it runs on.
+``call`` builds one Instruction per client with the round, the seed derived from (root seed, round, client,
+operation) and the round's local-update settings, runs them through the executor (serially, or on Ray actors),
+and counts the bytes of what crossed the wire. It behaves the same on every backend, so a method never sees which
+one it runs on.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable, Mapping, Optional, Union
+from typing import Callable, Iterable, Mapping, Optional, TypeVar, Union
 
-from fedsim.messages import Instruction, Reply, Tensors
+from fedsim.messages import Instruction, LocalSettings, Reply, Tensors, Value
 from fedsim.seeding import derive_seed
 
-PerClient = Union[Mapping[str, Any], Callable[[int], Mapping[str, Any]], None]
+T = TypeVar("T")
+PerClient = Union[T, Callable[[int], T], None]  # one value for every client, or a function of the client id
 NO_TENSORS: Tensors = {}  # one shared object: a backend serializes a payload once per call
 
 
 class RoundContext:
-    """One round's exchanges. ``setup=True`` marks a setup stage (data standardization) that a backend
-    replays on a client process it has to recreate."""
+    """One round's exchanges. ``local`` is the round's local-update settings, which every instruction carries;
+    ``setup=True`` marks a setup stage (data standardization) that a backend replays on a client process it has
+    to recreate."""
 
-    def __init__(self, executor, root_seed: int, rnd: int, setup: bool = False):
+    def __init__(self, executor, root_seed: int, rnd: int, local: Optional[LocalSettings] = None, setup: bool = False):
         self.executor = executor
         self.root_seed = root_seed
         self.round = rnd
+        self.local = local
         self.setup = setup
 
     def seed(self, client_id: int, operation: str) -> int:
@@ -35,23 +37,37 @@ class RoundContext:
         return derive_seed(self.root_seed, self.round, client_id, operation)
 
     def call(
-        self, operation: str, tensors: PerClient = None, clients: Iterable[int] = (), config: PerClient = None
+        self,
+        operation: str,
+        tensors: PerClient[Tensors] = None,
+        clients: Iterable[int] = (),
+        values: PerClient[Mapping[str, Value]] = None,
+        *,
+        seed: PerClient[int] = None,
+        local: Optional[LocalSettings] = None,
     ) -> dict[int, Reply]:
-        """Run ``operation`` on ``clients``; ``tensors`` and ``config`` are shared, or functions of the client id.
+        """Run ``operation`` on ``clients`` with ``tensors`` and the operation's own ``values``.
 
-        Each instruction's config is ``{"seed": ctx.seed(cid, operation), "round": ctx.round, **config}``:
-        a method that wants another stream passes its own ``seed``.
+        Each instruction carries the round, the seed ``ctx.seed(cid, operation)`` (``seed`` gives another
+        stream) and the round's local settings (``local`` gives others, e.g. an encoder stage's epochs).
+        ``tensors``, ``values`` and ``seed`` are shared, or functions of the client id.
         """
         instructions = {}
         for cid in clients:
             payload = _for_client(tensors, cid)
-            extra = _for_client(config, cid) or {}
-            settings = {"seed": self.seed(cid, operation), "round": self.round, **extra}
-            instructions[int(cid)] = Instruction(operation, NO_TENSORS if payload is None else payload, settings)
+            own_seed = _for_client(seed, cid)
+            instructions[int(cid)] = Instruction(
+                operation,
+                NO_TENSORS if payload is None else payload,
+                round=self.round,
+                seed=self.seed(cid, operation) if own_seed is None else int(own_seed),
+                local=self.local if local is None else local,
+                values=_for_client(values, cid) or {},
+            )
         return self.executor.run(instructions, self.round, replay=self.setup)
 
 
-def _for_client(value: PerClient, client_id: int) -> Optional[Mapping[str, Any]]:
+def _for_client(value: PerClient[T], client_id: int) -> Optional[T]:
     if callable(value):
         return value(client_id)
     return value

@@ -65,7 +65,7 @@ class Server:
         self._bytes_mark: Optional[tuple[int, int]] = None  # counters before a setup stage: counted in the next round
 
     def context(self, rnd: int, setup: bool = False) -> RoundContext:
-        return RoundContext(self.executor, self.config.run.seed, rnd, setup=setup)
+        return RoundContext(self.executor, self.config.run.seed, rnd, self.method.client_settings(rnd), setup=setup)
 
     def setup(self, first_round: int) -> None:
         """The setup stages before ``first_round`` (data standardization); their bytes count in that round."""

@@ -144,7 +144,7 @@ def main() -> None:
         return
     import torch
 
-    from fedsim.methods.common.settings import LocalSettings
+    from fedsim.messages import LocalSettings
     from fedsim.methods.common.training import model_to_numpy
     from fedsim.methods.common.vectorized import train_clients
     from fedsim.models.mlp import mlp

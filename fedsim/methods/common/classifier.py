@@ -13,8 +13,7 @@ import torch
 from torch import nn
 
 from fedsim.data.base import ArraySplit
-from fedsim.messages import Tensors
-from fedsim.methods.common.settings import LocalSettings
+from fedsim.messages import LocalSettings, Tensors
 from fedsim.methods.common.training import (
     StepLoss,
     evaluate_model,
@@ -55,13 +54,12 @@ class GlobalClassifier:
         model: nn.Module,
         weights: Tensors,
         split: ArraySplit,
+        settings: LocalSettings,
         seed: int,
         step_loss: Optional[StepLoss] = None,
-        settings: Optional[LocalSettings] = None,
     ) -> float:
         """Load ``weights``, run ``settings.local_epochs`` epochs with a fresh SGD optimizer (McMahan et al.,
-        Alg. 1); ``settings`` default to the ``method`` section's."""
-        settings = settings or LocalSettings.from_method(self.config.method)
+        Alg. 1), its batches drawn from ``seed``."""
         load_numpy(model, weights)
         optimizer = make_optimizer(model, settings)
         epochs, batch_size = settings.local_epochs, settings.batch_size

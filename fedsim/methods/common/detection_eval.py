@@ -94,8 +94,8 @@ def detect_all(model: Detector, images: np.ndarray, batch: int) -> list[tuple[np
 
 
 # ---- server half -------------------------------------------------------------
-def predictor_configs(families: list[Family], roles: DetectionRoles) -> dict[int, dict]:
-    """Each evaluating client's instruction config: the predictors it scores on its own test set.
+def predictor_values(families: list[Family], roles: DetectionRoles) -> dict[int, dict]:
+    """Each evaluating client's instruction values: the predictors it scores on its own test set.
 
     The server host scores every M_i on S (``<family>@<client>``); a client scores its own
     M_i; the target scores the global families only, unfused.
@@ -121,10 +121,10 @@ def predictor_configs(families: list[Family], roles: DetectionRoles) -> dict[int
             if not fam.per_client
         }
     }
-    configs = {roles.server_id: {"predictors": server}}
-    configs.update({cid: clients for cid in roles.client_ids})  # one shared object: serialized once
-    configs.update({cid: target for cid in roles.target_ids})
-    return configs
+    values = {roles.server_id: {"predictors": server}}
+    values.update({cid: clients for cid in roles.client_ids})  # one shared object
+    values.update({cid: target for cid in roles.target_ids})
+    return values
 
 
 def family_scores(

@@ -148,7 +148,7 @@ def train_clients(
     """``settings.local_epochs`` epochs of SGD for every job at once; each job's weights and last-epoch loss.
 
     ``model`` gives the architecture only (its own weights are not read nor changed); ``settings`` has the
-    attributes of :class:`fedsim.methods.common.settings.LocalSettings`.
+    attributes of :class:`fedsim.messages.LocalSettings`.
     """
     if any(j.y is None for j in jobs):
         raise ValueError("train_clients needs labels: the target client's training inputs are unlabeled")

@@ -39,7 +39,6 @@ from fedsim.losses import dann_schedule
 from fedsim.messages import Instruction, Reply
 from fedsim.methods.base import Method, Replies, ServerState, client_operation
 from fedsim.methods.common.alignment import TARGET_FEATURES, encode_subset
-from fedsim.methods.common.settings import LocalSettings
 from fedsim.methods.common.training import (
     encode_in_chunks,
     evaluate_model,
@@ -111,13 +110,12 @@ class FADA(Method):
         p = self.params
         sources = self.sample_clients(ctx.round, self.federation.source_ids)
         last = "disentangle" if p.disentangle else "adversarial" if p.adversarial else "fit"
-        settings = self.client_settings(ctx.round)  # every stage's local steps read them from the instruction
-        replies = ctx.call("fit", state["weights"], sources, {**settings, "send_delta": last == "fit"})
+        replies = ctx.call("fit", state["weights"], sources, {"send_delta": last == "fit"})
         metrics: dict[str, Any] = {"train_loss": {str(cid): r.metrics["train_loss"] for cid, r in replies.items()}}
         if p.adversarial:
             replies = self.adversarial_stage(ctx, sources, last == "adversarial", metrics)
         if p.disentangle:
-            replies = ctx.call("disentangle", None, sources, {**settings, "send_delta": True})
+            replies = ctx.call("disentangle", None, sources, {"send_delta": True})
             metrics.update({key: self.per_source(replies, key) for key in Disentanglement.METRICS})
             metrics["mean_mine_estimate"] = float(np.mean(list(metrics["mine_estimate"].values())))
         return {**state, "weights": self.attention_stage(ctx, sources, replies, metrics)}, metrics
@@ -129,15 +127,14 @@ class FADA(Method):
         """Sec. 3.2 (Eq. 3): per alternation, fresh target features go to the sources; the mean of their gradients
         of the confusion w.r.t. those features moves G_t."""
         tid, steps, norms = self.target_id, self.params.adversarial_steps, []
-        settings = self.client_settings(ctx.round)
         for step in range(1, steps + 1):
             seed = derive_seed(ctx.seed(tid, "features"), step)  # the inputs of this step's features, for align
-            target = ctx.call("features", None, [tid], {**settings, "seed": seed})[tid]
+            target = ctx.call("features", None, [tid], seed=seed)[tid]
             payload = {TARGET_FEATURES: target.tensors["features"]}  # one dict for every source: serialized once
-            step_config = {**settings, "step": step, "send_delta": send_delta and step == steps}
-            replies = ctx.call("adversarial", payload, sources, step_config)
+            values = {"step": step, "send_delta": send_delta and step == steps}
+            replies = ctx.call("adversarial", payload, sources, values)
             gradients = {str(cid): r.tensors[FEATURE_GRAD] for cid, r in replies.items()}
-            aligned = ctx.call("align", gradients, [tid], {**settings, "seed": seed, "step": step})[tid]
+            aligned = ctx.call("align", gradients, [tid], {"step": step}, seed=seed)[tid]
             norms.append(aligned.metrics["feature_grad_norm"])
         for key in ("domain_identifier_accuracy", "confusion_loss", "target_confusion_loss"):
             metrics[key] = self.per_source(replies, key)  # means over the round's steps (the target's: the last step)
@@ -148,10 +145,11 @@ class FADA(Method):
 
     def attention_stage(self, ctx, sources: list[int], replies: Replies, metrics: dict) -> dict:
         """Sec. 3.1: the sources' deltas go to the target, which weighs them; returns the new target model."""
-        tid, p, config = self.target_id, self.params, {"sources": [int(c) for c in sources]}
-        if p.adversarial:  # the guard drops the alignment when the domain identifiers won the round
-            config["identifiers_won"] = metrics["mean_domain_identifier_accuracy"] >= p.guard_identifier_accuracy
-        updated = ctx.call("update", gather_deltas(replies), [tid], config)[tid]
+        tid, p = self.target_id, self.params
+        # the guard drops the alignment when the domain identifiers won the round
+        won = p.adversarial and metrics["mean_domain_identifier_accuracy"] >= p.guard_identifier_accuracy
+        values = {"sources": [int(c) for c in sources], "identifiers_won": bool(won)}
+        updated = ctx.call("update", gather_deltas(replies), [tid], values)[tid]
         metrics["attention"] = {self.labels[cid]: updated.metrics[f"attention:{cid}"] for cid in sources}
         metrics.update({key: updated.metrics[key] for key in GUARD_METRICS if key in updated.metrics})
         if p.attention:  # gap_statistic: the dispersion I, its share or Tibshirani's Gap of w_t
@@ -183,7 +181,7 @@ class FADA(Method):
 
     def source_reply(self, instruction: Instruction, state: Any, data: ClientData, tensors: dict, metrics: dict):
         """The stage's reply; the last stage of the round adds Delta_i = w_i - w_t, per named tensor."""
-        if instruction.config.get("send_delta"):
+        if instruction.values["send_delta"]:
             tensors.update(delta_tensors(state["start"], model_to_numpy(state["net"])))
         return Reply(data.client_id, tensors, metrics, num_examples=len(data.train))
 
@@ -191,10 +189,10 @@ class FADA(Method):
     def fit(self, instruction: Instruction, state: Any, data: ClientData) -> tuple[Reply, Any]:
         """Source: start from the target model, local epochs of cross-entropy on G_i, D_inv, C_i."""
         self.require(data, "fit", target=False)
-        net, method = state["net"], LocalSettings.from_config(instruction.config, self.config.method)
+        net, method = state["net"], instruction.local
         load_numpy(net, instruction.tensors)
         state["start"] = {name: np.array(value, copy=True) for name, value in instruction.tensors.items()}
-        seed, optimizer = instruction.config["seed"], make_optimizer(net, method)
+        seed, optimizer = instruction.seed, make_optimizer(net, method)
         loss = train_epochs(net, data.train, method.local_epochs, method.batch_size, optimizer, seed, self.device)
         return self.source_reply(instruction, state, data, {}, {"train_loss": loss}), state
 
@@ -202,10 +200,9 @@ class FADA(Method):
     def features(self, instruction: Instruction, state: Any, data: ClientData) -> tuple[Reply, Any]:
         """Target: G_t's features of a seeded subset of its unlabeled inputs (target batch statistics)."""
         self.require(data, "features", target=True)
-        net, config = state["net"], instruction.config
-        chunk = config.get("batch_size", self.config.method.batch_size)
+        net, chunk = state["net"], instruction.local.batch_size
         with preserved_buffers(net):
-            x, count, seed = data.train.x, self.params.target_batch, config["seed"]
+            x, count, seed = data.train.x, self.params.target_batch, instruction.seed
             encoded = encode_subset(net, x, count, seed, self.device, chunk=chunk, batch_statistics=True)
         metrics = {"num_features": float(len(encoded))}
         return Reply(data.client_id, {"features": encoded}, metrics, num_examples=len(encoded)), state
@@ -215,14 +212,14 @@ class FADA(Method):
         """Source, one alternation on one batch (Eq. 3): DI_i learns source vs target features, then G_i confuses
         it; returns d(confusion)/d(target features). The optimizers live from step 1 to the last step."""
         self.require(data, "adversarial", target=False)
-        p, config, net = self.params, instruction.config, state["net"]
-        method, step, seed = LocalSettings.from_config(config, self.config.method), config["step"], config["seed"]
+        p, net = self.params, state["net"]
+        method, step, seed = instruction.local, instruction.values["step"], instruction.seed
         if step == 1:
             di = state["parts"].domain_identifier
             state["alignment"] = AdversarialAlignment(net, di, make_optimizer(di, method), make_optimizer(net, method))
         alignment = state["alignment"]
         target = torch.tensor(np.asarray(instruction.tensors[TARGET_FEATURES]), device=self.device)  # a copy
-        weight = self.adversarial_weight((config["round"] - 1 + step / p.adversarial_steps) / self.config.run.rounds)
+        weight = self.adversarial_weight((instruction.round - 1 + step / p.adversarial_steps) / self.config.run.rounds)
         draw = torch.Generator().manual_seed(seed)
         batch = labeled_batch(data.train, method.batch_size, p.adversarial_steps, step - 1, draw, self.device)
         pick = torch.Generator().manual_seed(derive_seed(seed, step, "target-batch"))  # the target rows it meets
@@ -235,16 +232,15 @@ class FADA(Method):
     def align(self, instruction: Instruction, state: Any, data: ClientData) -> tuple[Reply, Any]:
         """Target: one step of G_t along the sources' mean gradient of the confusion loss w.r.t. its features."""
         self.require(data, "align", target=True)
-        net, config, count = state["net"], instruction.config, self.params.target_batch
-        method = LocalSettings.from_config(config, self.config.method)
-        if config["step"] == 1:
+        net, count, method, step = state["net"], self.params.target_batch, instruction.local, instruction.values["step"]
+        if step == 1:
             state["align_optimizer"] = make_optimizer(net.encoder, method)  # G_t's, kept through the round's steps
             state["round_start"] = model_to_numpy(net)  # w_t before the alignment, for the consensus guard
         gradients, optimizer = instruction.tensors, state["align_optimizer"]
         norm = align_generator(
-            net, data.train.x, gradients, count, config["seed"], optimizer, method.batch_size, self.device
+            net, data.train.x, gradients, count, instruction.seed, optimizer, method.batch_size, self.device
         )
-        if config["step"] == self.params.adversarial_steps:
+        if step == self.params.adversarial_steps:
             del state["align_optimizer"]
         return Reply(data.client_id, {}, {"feature_grad_norm": norm}, num_examples=len(data.train)), state
 
@@ -253,12 +249,12 @@ class FADA(Method):
         """Source: Eq. 4 (cross-entropy on both parts), Eq. 5 (entropy), Eq. 6 (MINE), Eq. 7 (reconstruction)."""
         self.require(data, "disentangle", target=False)
         p, net, parts = self.params, state["net"], state["parts"]
-        method = LocalSettings.from_config(instruction.config, self.config.method)
+        method = instruction.local
         objective = Disentanglement(
             *(net, parts, state["mine"], state["mine_optimizer"], p.disentangle_optimizers(method)),
             *(p.lambda_entropy, p.lambda_mi, p.lambda_recon, p.disentangle_generator),
         )
-        generator = torch.Generator().manual_seed(instruction.config["seed"])  # the batches and the MINE pairings
+        generator = torch.Generator().manual_seed(instruction.seed)  # the batches and the MINE pairings
         fixed = contextlib.nullcontext() if p.disentangle_generator else preserved_buffers(net)  # G_i's statistics
         with fixed:
             for xb, yb in labeled_batches(data.train, method.batch_size, p.disentangle_steps, generator, self.device):
@@ -270,17 +266,17 @@ class FADA(Method):
         """Target (Sec. 3.1, Eq. 1-2): attention a_i from the gains of w_t + Delta_i over w_t (uniform: ``attention``
         off), w_t <- w_t + sum_i a_i Delta_i, or w_start + sum_i a_i Delta_i by the :func:`consensus_guard`."""
         self.require(data, "update", target=True)
-        p, net, config, start = self.params, state["net"], instruction.config, state.pop("round_start", None)
-        current, sources = model_to_numpy(net), [int(c) for c in config["sources"]]
+        p, net, seed, start = self.params, state["net"], instruction.seed, state.pop("round_start", None)
+        current, sources = model_to_numpy(net), [int(c) for c in instruction.values["sources"]]
         deltas = split_deltas(instruction.tensors, sources, list(current))
         k = p.gap_clusters or self.federation.num_classes
         gap = (p.gap_samples, k, p.gap_references, p.attention_temperature, p.gap_form) if p.attention else None
         encode = lambda w, inputs: self.outputs(net, w, inputs, net.invariant_features)  # noqa: E731
-        weights, metrics = weigh_sources(encode, current, deltas, data.train.x, sources, config["seed"], gap)
+        weights, metrics = weigh_sources(encode, current, deltas, data.train.x, sources, seed, gap)
         updated, guarded = apply_deltas(current, deltas, weights), {}
         if p.guard == "consensus" and start is not None:  # inert without an alignment (model I)
-            inputs = guard_inputs(data.train.x, p.gap_samples, derive_seed(config["seed"], "consensus-guard"))
-            predict, won = lambda w, x: self.outputs(net, w, x, net), bool(config.get("identifiers_won", False))
+            inputs = guard_inputs(data.train.x, p.gap_samples, derive_seed(seed, "consensus-guard"))
+            predict, won = lambda w, x: self.outputs(net, w, x, net), bool(instruction.values["identifiers_won"])
             updated, guarded = consensus_guard(predict, start, current, deltas, weights, inputs, won)
         load_numpy(net, updated)
         return Reply(data.client_id, model_to_numpy(net), {**metrics, **guarded}, num_examples=len(data.train)), state

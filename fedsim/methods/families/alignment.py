@@ -40,7 +40,6 @@ from fedsim.methods.common.alignment import (
 )
 from fedsim.methods.common.batchnorm import reestimate_bn
 from fedsim.methods.common.classifier import GlobalClassifier
-from fedsim.methods.common.settings import LocalSettings
 from fedsim.methods.common.training import evaluate_model, load_numpy, model_to_numpy, train_epochs
 from fedsim.models.normalization import bn_keys
 from fedsim.seeding import derive_seed
@@ -121,7 +120,7 @@ class FeatureAlignment(AlignmentSchedule):
         feature_replies = ctx.call("features", state["weights"], self.federation.target_ids)
         target_features = np.concatenate([r.tensors["features"] for r in feature_replies.values()])  # client-id order
         payload = {**state["weights"], TARGET_FEATURES: target_features}  # one dict for every source: serialized once
-        replies = ctx.call("fit", payload, self.federation.source_ids, self.client_settings(ctx.round))
+        replies = ctx.call("fit", payload, self.federation.source_ids)
         weights, metrics = federated_average(replies)
         for key in sorted({k for r in replies.values() for k in r.metrics} - {"train_loss"}):
             metrics[key] = {str(cid): r.metrics[key] for cid, r in replies.items() if key in r.metrics}
@@ -159,9 +158,9 @@ class FeatureAlignment(AlignmentSchedule):
             model,
             data.train.x,
             self.params.target_batch,
-            instruction.config["seed"],
+            instruction.seed,
             self.device,
-            chunk=self.config.method.batch_size,
+            chunk=instruction.local.batch_size,
             batch_statistics=self.params.target_normalization == "batch",
         )
         return Reply(
@@ -173,7 +172,7 @@ class FeatureAlignment(AlignmentSchedule):
         """Source client: E local epochs of cross-entropy + lambda * domain loss against the received features."""
         if data.train.y is None:
             raise ValueError("fit needs labels: only source clients train, the target client only sends features")
-        settings, seed = LocalSettings.from_config(instruction.config, self.config.method), instruction.config["seed"]
+        settings, seed = instruction.local, instruction.seed
         model, domain_loss = state["model"], state["domain_loss"]
         load_numpy(model, {k: v for k, v in instruction.tensors.items() if k != TARGET_FEATURES})
         target = torch.tensor(np.asarray(instruction.tensors[TARGET_FEATURES])).to(self.device)
@@ -183,7 +182,7 @@ class FeatureAlignment(AlignmentSchedule):
             domain_loss,
             target,
             torch.Generator().manual_seed(derive_seed(seed, "target-batch")),
-            self.step_schedule(instruction.config["round"], settings.local_epochs * batches),
+            self.step_schedule(instruction.round, settings.local_epochs * batches),
             batches,
             trained,
             optimizer,

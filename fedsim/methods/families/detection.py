@@ -28,13 +28,13 @@ import torch
 
 from fedsim.data.base import ClientData
 from fedsim.errors import UserError
-from fedsim.messages import Instruction, Reply
+from fedsim.messages import Instruction, LocalSettings, Reply
 from fedsim.methods.base import Method, Replies, ServerState, client_operation
 from fedsim.methods.common.detection_eval import (
     DetectionRoles,
     Family,
     Weights,
-    predictor_configs,
+    predictor_values,
     score_predictors,
     summarize,
 )
@@ -165,10 +165,8 @@ class DetectionMethod(Method):
             return state, {}
         if self.params.base_iters == 0:
             return {**state, "base": state["weights"]}, {}
-        server = self.roles.server_id
-        reply = ctx.call("train_base", state["weights"], [server], {"seed": derive_seed(self.config.run.seed, "base")})[
-            server
-        ]
+        server, seed = self.roles.server_id, derive_seed(self.config.run.seed, "base")  # w_b: one stream, any round
+        reply = ctx.call("train_base", state["weights"], [server], seed=seed)[server]
         base = dict(reply.tensors)
         log.info(
             "base model w_b: %d steps on the server host, final loss %.3f",
@@ -193,14 +191,14 @@ class DetectionMethod(Method):
 
     def evaluate_round(self, ctx, state: ServerState) -> dict:
         """The server host, the clients and the target score their predictors in one exchange."""
-        configs = predictor_configs(self.families(ctx.round), self.roles)
+        values = predictor_values(self.families(ctx.round), self.roles)
         client_payload, server_payload = self.evaluation_payloads(ctx, state)
         roles = self.roles
         replies = ctx.call(
             "evaluate",
             lambda cid: server_payload if cid == roles.server_id else client_payload,
             [roles.server_id, *roles.client_ids, *roles.target_ids],
-            lambda cid: configs[cid],
+            lambda cid: values[cid],
         )
         return self.summarize_evaluation(ctx.round, replies)
 
@@ -231,20 +229,21 @@ class DetectionMethod(Method):
         model: Detector,
         data: DetectionSet,
         steps: int,
+        settings: LocalSettings,
         seed: int,
         parameters=None,
         extra_loss=None,
         detection_weight: float = 1.0,
     ) -> float:
-        """``steps`` SGD steps on ``parameters`` (default: all the trainable ones) of ``model``."""
+        """``steps`` SGD steps with ``settings`` on ``parameters`` (default: all the trainable ones) of ``model``."""
         params = [p for p in (parameters if parameters is not None else model.parameters()) if p.requires_grad]
-        optimizer = make_optimizer(params, self.config.method)
+        optimizer = make_optimizer(params, settings)
         p = self.params
         return train_steps(
             model,
             data,
             steps,
-            self.config.method.batch_size,
+            settings.batch_size,
             optimizer,
             seed,
             flip=p.flip,
@@ -260,13 +259,14 @@ class DetectionMethod(Method):
             raise ValueError(f"train_base runs on the server host, not on client {data.client_id}")
         model = state["model"]
         load_numpy(model, instruction.tensors)
-        loss = self.local_train(model, self.train_set(state, data), self.params.base_iters, instruction.config["seed"])
+        iters = self.params.base_iters
+        loss = self.local_train(model, self.train_set(state, data), iters, instruction.local, instruction.seed)
         return Reply(data.client_id, model_to_numpy(model), {"train_loss": loss}, num_examples=len(data.train)), state
 
     @client_operation
     def evaluate(self, instruction: Instruction, state: Any, data: ClientData) -> tuple[Reply, Any]:
         """Detect with every requested predictor on this client's test images; reply with match records only."""
-        predictors = instruction.config["predictors"]
+        predictors = instruction.values["predictors"]
         k, batch = self.federation.num_classes, self.params.eval_batch
         tensors = score_predictors(state["model"], predictors, instruction.tensors, state["own"], data.test, k, batch)
         return Reply(data.client_id, tensors, {"images": float(len(data.test))}, num_examples=len(data.test)), state

@@ -16,6 +16,7 @@ declares the client operations (``fit``, ``evaluate``, ``feature_stats``) and pa
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from typing import Any
 
@@ -30,7 +31,6 @@ from fedsim.methods.base import Method, ServerState, client_operation
 from fedsim.methods.common.aggregation import federated_average
 from fedsim.methods.common.classifier import GlobalClassifier
 from fedsim.methods.common.dictionary import atom_tensors, check_batch_size, num_atoms
-from fedsim.methods.common.settings import LocalSettings
 from fedsim.methods.common.training import encode_in_chunks, load_numpy, model_to_numpy
 
 logger = logging.getLogger(__name__)
@@ -92,8 +92,8 @@ class EncoderStage:
         clients = self.host.sample_clients(ctx.round, self.federation.source_ids)
         settings = self.host.client_settings(ctx.round)
         if self.host.params.encoder_epochs:
-            settings = {**settings, "local_epochs": self.host.params.encoder_epochs}
-        replies = ctx.call("fit", state["weights"], clients, settings)
+            settings = dataclasses.replace(settings, local_epochs=self.host.params.encoder_epochs)
+        replies = ctx.call("fit", state["weights"], clients, local=settings)
         weights, metrics = federated_average(replies)
         return {**state, "weights": weights}, {**metrics, "stage": "encoder"}
 
@@ -121,8 +121,8 @@ class EncoderStage:
 
     def fit(self, instruction: Instruction, state: Any, data: ClientData) -> tuple[Reply, Any]:
         """FedAvg's local epochs of cross-entropy from the global weights (McMahan et al. 2017, Alg. 1)."""
-        model, settings = state["model"], LocalSettings.from_config(instruction.config, self.host.config.method)
-        loss = self.classifier.train(model, instruction.tensors, data.train, instruction.config["seed"], None, settings)
+        model, settings = state["model"], instruction.local
+        loss = self.classifier.train(model, instruction.tensors, data.train, settings, instruction.seed)
         return Reply(data.client_id, model_to_numpy(model), {"train_loss": loss}, num_examples=len(data.train)), state
 
     def evaluate(self, instruction: Instruction, state: Any, data: ClientData) -> tuple[Reply, Any]:

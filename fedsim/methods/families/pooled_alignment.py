@@ -23,7 +23,6 @@ from fedsim.methods.common.alignment import AlignmentObjective, alignment_optimi
 from fedsim.methods.common.batchnorm import reestimate_bn
 from fedsim.methods.common.classifier import GlobalClassifier
 from fedsim.methods.common.pooling import gather_sources, gather_target_inputs, inputs_upload, labeled_upload
-from fedsim.methods.common.settings import LocalSettings
 from fedsim.methods.common.training import evaluate_model, load_numpy, model_to_numpy, train_epochs
 from fedsim.methods.families.alignment import AlignmentSchedule
 from fedsim.models.normalization import bn_keys
@@ -48,7 +47,7 @@ class CentralizedAlignment(AlignmentSchedule):
         if "pool" not in state:
             pool = gather_sources(ctx, self.federation.source_ids)
             state = {**state, "pool": pool, "target_pool": gather_target_inputs(ctx, self.federation.target_ids)}
-        pool, settings = state["pool"], LocalSettings.from_config(self.client_settings(ctx.round))
+        pool, settings = state["pool"], self.client_settings(ctx.round)
         with torch.random.fork_rng(devices=[]):  # building the models seeds torch: leave the global RNG as it was
             model = self.pooled.shared()
             load_numpy(model, state["weights"])

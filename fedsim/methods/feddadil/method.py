@@ -40,7 +40,6 @@ from fedsim.methods.base import ServerState, client_operation
 from fedsim.methods.common import dictionary as dil
 from fedsim.methods.common import dictionary_sampling as sampling
 from fedsim.methods.common.dictionary_predictors import evaluate_predictors
-from fedsim.methods.common.settings import LocalSettings
 from fedsim.methods.families.dictionary import DictionaryMethod
 from fedsim.methods.feddadil.aggregation import aggregate_versions
 from fedsim.registry import METHODS
@@ -73,7 +72,7 @@ class FedDaDiL(DictionaryMethod):
             if "weights" in payload
             else self.sample_clients(ctx.round, self.federation.client_ids)
         )
-        replies = ctx.call("dil", payload, working, self.client_settings(ctx.round))
+        replies = ctx.call("dil", payload, working)
         versions = {cid: (r.tensors["atoms_x"], r.tensors["atoms_logits"]) for cid, r in replies.items()}
         origin = (start["atoms_x"], start["atoms_logits"])
         metrics = {
@@ -96,7 +95,8 @@ class FedDaDiL(DictionaryMethod):
         if self.params.exchange == "full":
             return dil.atom_tensors(state), None
         generator = torch.Generator().manual_seed(derive_seed(self.config.run.seed, rnd, "atom-batch"))
-        rows = sampling.balanced_atom_rows(state["atoms_logits"], self.config.method.batch_size, generator, True)
+        batch_size = self.client_settings(rnd).batch_size  # n_b, as the round's instructions carry it
+        rows = sampling.balanced_atom_rows(state["atoms_logits"], batch_size, generator, True)
         rows = rows.numpy()
         where = (np.arange(len(rows))[:, None], rows)
         return {"atoms_x": state["atoms_x"][where], "atoms_logits": state["atoms_logits"][where]}, rows
@@ -116,13 +116,13 @@ class FedDaDiL(DictionaryMethod):
     @client_operation
     def dil(self, instruction: Instruction, state: Any, data: ClientData) -> tuple[Reply, Any]:
         """E x (n // n_b) steps on the client's clone of the rows it received and on its alpha (Alg. 2)."""
-        p, settings = self.params, LocalSettings.from_config(instruction.config, self.config.method)
+        p, settings = self.params, instruction.local
         self.encoder.prepare(state, data, instruction.tensors)
         atoms_x, atoms_logits = dil.trainable_atoms(instruction.tensors["atoms_x"], instruction.tensors["atoms_logits"])
         alpha = state["alpha"].clone().requires_grad_(True)
         # a fresh optimizer every round, as DaDiLClient.update_joint builds one per call
         optimizer = dil.make_optimizer(p, settings.momentum, [atoms_x, atoms_logits], [alpha])
-        generator = torch.Generator().manual_seed(instruction.config["seed"])
+        generator = torch.Generator().manual_seed(instruction.seed)
         atoms = (atoms_x, atoms_logits)
         losses = self.local_steps(settings, state["train_features"], data, atoms, alpha, optimizer, generator)
         state["alpha"] = alpha.detach().clone()
@@ -160,7 +160,7 @@ class FedDaDiL(DictionaryMethod):
         if "atoms_x" not in instruction.tensors:
             return self.encoder.evaluate(instruction, state, data)
         self.encoder.prepare(state, data, instruction.tensors)
-        alpha, seed = state["alpha"], instruction.config["seed"]
+        alpha, seed = state["alpha"], instruction.seed
         metrics = evaluate_predictors(
             instruction.tensors, alpha, state["test_features"], data.test.y, self.params, seed
         )

@@ -90,17 +90,16 @@ class FedOD(DetectionMethod):
         if self.params.mode == "baseline1":
             return state, metrics
         weights = state["weights"]  # one payload for every client: serialized once
-        replies = ctx.call("fit", weights, self.roles.client_ids)
+        replies = ctx.call("fit", weights, self.roles.client_ids, {"slot": "personal"})
         metrics["train_loss"] = {str(cid): r.metrics["train_loss"] for cid, r in replies.items()}
         teachers: Weights = {}
         for cid, reply in replies.items():
             teachers.update(with_prefix(reply.tensors, f"teacher@{cid}"))
-        server = self.roles.server_id
-        config = {"teachers": list(replies), "seed": ctx.seed(server, "distill")}
+        server, kept = self.roles.server_id, {"teachers": list(replies), "slot": "teacher"}
         if self.params.mode == "baseline2":
-            ctx.call("keep_teachers", teachers, [server], config)
+            ctx.call("keep_teachers", teachers, [server], kept)
             return state, metrics
-        reply = ctx.call("distill", {**with_prefix(weights, "global"), **teachers}, [server], config)[server]
+        reply = ctx.call("distill", {**with_prefix(weights, "global"), **teachers}, [server], kept)[server]
         metrics.update({f"distill_{k}": v for k, v in reply.metrics.items()})
         state = {**state, "weights": dict(reply.tensors)}
         if self.is_final(ctx.round):
@@ -112,7 +111,7 @@ class FedOD(DetectionMethod):
         server host
         gets them (as ``final@<client>``) to score them and their ensembles on S, an evaluation-only upload."""
         replies = ctx.call(
-            "fit", weights, self.roles.client_ids, lambda cid: {"slot": "final", "seed": ctx.seed(cid, "final_fit")}
+            "fit", weights, self.roles.client_ids, {"slot": "final"}, seed=lambda cid: ctx.seed(cid, "final_fit")
         )
         finals: Weights = {}
         for cid, reply in replies.items():
@@ -183,23 +182,22 @@ class FedOD(DetectionMethod):
         ``final`` after the last distillation), send it."""
         model = state["model"]
         load_numpy(model, instruction.tensors)
-        loss = self.local_train(
-            model, self.train_set(state, data), self.params.client_iters, instruction.config["seed"]
-        )
+        iters = self.params.client_iters
+        loss = self.local_train(model, self.train_set(state, data), iters, instruction.local, instruction.seed)
         weights = model_to_numpy(model)
-        slot = instruction.config.get("slot", "personal")
+        slot = instruction.values["slot"]
         state["own"][slot] = weights
-        if slot == "personal" and instruction.config.get("round") == 1:
+        if slot == "personal" and instruction.round == 1:
             state["own"]["first"] = weights
         return Reply(data.client_id, weights, {"train_loss": loss}, num_examples=len(data.train)), state
 
     @client_operation
     def keep_teachers(self, instruction: Instruction, state: Any, data: ClientData) -> tuple[Reply, Any]:
         """Server host: keep the clients' w_i (to score them and their ensembles on the server's test set)."""
-        slot = instruction.config.get("slot", "teacher")
-        for cid in instruction.config["teachers"]:
+        slot = instruction.values["slot"]
+        for cid in instruction.values["teachers"]:
             state["own"][f"{slot}@{cid}"] = prefixed(instruction.tensors, f"{slot}@{cid}")
-            if slot == "teacher" and instruction.config.get("round") == 1:
+            if slot == "teacher" and instruction.round == 1:
                 state["own"][f"first@{cid}"] = state["own"][f"teacher@{cid}"]
         return Reply(data.client_id, {}, {}, num_examples=0), state
 
@@ -211,7 +209,7 @@ class FedOD(DetectionMethod):
             raise ValueError(f"distill runs on the server host, not on client {data.client_id}")
         self.keep_teachers(instruction, state, data)
         p = self.params
-        ids = instruction.config["teachers"]
+        ids = instruction.values["teachers"]
         teacher_weights = [state["own"][f"teacher@{cid}"] for cid in ids]
         student = state["model"]
         load_numpy(
@@ -231,7 +229,8 @@ class FedOD(DetectionMethod):
             student,
             self.train_set(state, data),
             p.distill_iters,
-            instruction.config["seed"],
+            instruction.local,
+            instruction.seed,
             extra_loss=distillation,
             detection_weight=p.lambda_det,
         )
