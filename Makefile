@@ -29,8 +29,8 @@ test: $(STAMP)
 # ('!pattern' drops the submodules the name before it brought in); tests/test_api_reference.py builds this list
 API_MODULES := fedsim '!fedsim\..' fedsim.api fedsim.config fedsim.registry fedsim.errors fedsim.seeding \
 	fedsim.messages fedsim.runtime.context fedsim.methods.base fedsim.methods.common.aggregation \
-	fedsim.methods.common.classifier fedsim.methods.common.training fedsim.methods.common.settings \
-	fedsim.data.base fedsim.data.scenario fedsim.data.benchmarks.splits fedsim.models '!fedsim\.models\.' fedsim.models.classifier
+	fedsim.methods.common.classifier fedsim.methods.common.training fedsim.data.base fedsim.data.scenario \
+	fedsim.data.benchmarks.splits fedsim.models '!fedsim\.models\.' fedsim.models.classifier
 API_OUT ?= build/api
 
 docs: $(STAMP)
