@@ -1,4 +1,8 @@
-"""Start or join a Ray cluster and create the actors of one run (the server behind a forwarding proxy)."""
+"""Start or join a Ray cluster and create the actors of one run (the server behind a forwarding proxy).
+
+The run's plugins reach the workers through Ray's runtime environment (:mod:`fedsim.actors.plugins`): set for the
+whole job where this run starts or joins the cluster, or for each actor of the run where the caller initialized Ray.
+"""
 
 from __future__ import annotations
 
@@ -13,6 +17,7 @@ import ray
 
 from fedsim.actors.client import KILL_ENV, KILL_PHASES
 from fedsim.actors.executor import ActorSpec, RayExecutor
+from fedsim.actors.plugins import actor_runtime_env, job_runtime_env, plugins_of
 from fedsim.actors.server import RemoteServer
 from fedsim.errors import UserError
 from fedsim.registry import METHODS
@@ -58,13 +63,16 @@ def quiet_logger(name: str):
         logger.setLevel(level)
 
 
-def connect(address: str | None, num_cpus: int | None = None) -> bool:
-    """Initialize Ray; returns True when this call started it (so the caller shuts it down)."""
+def connect(address: str | None, num_cpus: int | None = None, runtime_env: dict | None = None) -> bool:
+    """Initialize Ray (its job's workers in ``runtime_env``); returns True when this call started it (so the caller
+    shuts it down)."""
     if ray.is_initialized():
         return False
     if address:
         check_reachable(address)
     kwargs = dict(include_dashboard=False, logging_level=logging.WARNING, log_to_driver=True)
+    if runtime_env:
+        kwargs["runtime_env"] = runtime_env
     try:
         if address:
             ray.init(address=address, **kwargs)
@@ -76,6 +84,12 @@ def connect(address: str | None, num_cpus: int | None = None) -> bool:
             f"cannot connect to a Ray cluster at {address!r} ({str(exc).splitlines()[0]}): "
             "start one with 'ray start --head', or omit --address for a local cluster; if the cluster uses token "
             "authentication, set RAY_AUTH_MODE=token and RAY_AUTH_TOKEN_PATH"
+        ) from None
+    except (TypeError, ValueError) as exc:  # Ray's checks of the runtime environment
+        if not runtime_env:
+            raise
+        raise UserError(
+            f"Ray refused the runtime environment {runtime_env!r} ({str(exc).splitlines()[0]}): fix ray.runtime_env"
         ) from None
     return True
 
@@ -117,16 +131,17 @@ def kill_hook() -> str:
     return kill
 
 
-def start_server(config, federation) -> RemoteServer:
-    """Create the run's client actors and its server actor (all at once: start-up runs in parallel) and wait
-    until they are ready and the server holds its initial state. A client actor that dies meanwhile is
-    recreated (up to ``ray.max_restarts`` times); one that keeps dying, or whose constructor raises, surfaces
-    here, before round 1."""
+def start_server(config, federation, runtime_env: dict | None = None) -> RemoteServer:
+    """Create the run's client actors and its server actor (all at once: start-up runs in parallel, each actor in
+    ``runtime_env`` when given) and wait until they are ready and the server holds its initial state. A client
+    actor that dies meanwhile is recreated (up to ``ray.max_restarts`` times); one that keeps dying, or whose
+    constructor raises, surfaces here, before round 1."""
     count, assignment, gpus = plan_actors(config, federation)
     hosted = tuple(tuple(sorted(cid for cid, a in assignment.items() if a == index)) for index in range(count))
     settings = config.ray
     device = "cuda" if gpus > 0 else "cpu"
-    spec = ActorSpec(config, federation, hosted, device, config.resources.cpus_per_client, gpus, kill_hook())
+    cpus = config.resources.cpus_per_client
+    spec = ActorSpec(config, federation, hosted, device, cpus, gpus, kill_hook(), runtime_env)
     client_actors = [spec.create(index) for index in range(count)]
     executor = RayExecutor(
         client_actors,
@@ -149,13 +164,12 @@ def start_server(config, federation) -> RemoteServer:
 
 
 def shutdown_own_cluster() -> None:
-    """``ray.shutdown()`` of the cluster this process started, without a second spent on its autoscaler monitor.
+    """``ray.shutdown()`` of the cluster this process started, its autoscaler monitor killed first.
 
-    Ray stops the GCS before the monitor, whose SIGTERM handler then reports its end to the stopped GCS until
-    Ray's one-second grace runs out and it is killed anyway (1.0 s of the 1.4 s shutdown, measured on this job).
-    A local cluster has nothing to scale, so the monitor is killed first and the rest stops as Ray stops it
-    (0.35 s). Ray 2.60 keeps its processes in the node object of ``ray._private.worker``; when that changes, the
-    plain shutdown runs."""
+    Ray stops the GCS before the monitor, whose SIGTERM handler then keeps reporting its end to the stopped GCS
+    until Ray's one-second grace runs out and kills it. A local cluster has nothing to scale, so the monitor
+    processes (found in the node object of ``ray._private.worker``) are killed and waited for, then Ray stops the
+    rest; where that node object holds no such processes, the plain shutdown runs."""
     node = getattr(getattr(ray, "_private", None), "worker", None)
     processes = getattr(getattr(node, "_global_node", None), "all_processes", None) or {}
     for info in processes.get("monitor", []):
@@ -167,10 +181,12 @@ def shutdown_own_cluster() -> None:
 
 class ClusterStart:
     """The run's connection to Ray: ``started`` when this run started the cluster, so that :meth:`stop` (once)
-    shuts it down; a joined cluster, or one a Tune trial runs in, is left as it is."""
+    shuts it down; a joined cluster, or one a Tune trial runs in, is left as it is. ``actor_env``: the runtime
+    environment each actor of the run needs (where the job's own does not carry the run's plugins)."""
 
-    def __init__(self, started: bool):
+    def __init__(self, started: bool, actor_env: dict | None = None):
         self.started = started
+        self.actor_env = actor_env
 
     def stop(self) -> None:
         if self.started:
@@ -183,7 +199,12 @@ def start_backend(config, num_cpus: int | None = None) -> ClusterStart:
     in a thread meanwhile: ``ray.init`` must run in the main thread)."""
     TIMINGS.clear()
     TIMINGS["connecting"] = time.time()
-    started = ClusterStart(connect(config.run.address, num_cpus=num_cpus))
+    plugins = plugins_of([config])
+    job_env = job_runtime_env(plugins, config.ray.runtime_env, joins=bool(config.run.address))
+    initialized = connect(config.run.address, num_cpus=num_cpus, runtime_env=job_env)
+    if not initialized and config.ray.runtime_env and ray.get_runtime_context().get_actor_id() is None:
+        log.warning("ray.runtime_env is left out: Ray was initialized in this process before the run (pass it there)")
+    started = ClusterStart(initialized, None if initialized else actor_runtime_env(plugins))
     TIMINGS["connected"] = time.time()
     return started
 
@@ -199,7 +220,7 @@ def open_server(config, federation, num_cpus: int | None = None, started: Cluste
     started = started or start_backend(config, num_cpus)
     try:
         forget_domain_data(config.data)  # the actors build their own data; the driver needs only the description
-        server = start_server(config, federation)
+        server = start_server(config, federation, started.actor_env)
     except BaseException:
         started.stop()
         raise

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import os
+from dataclasses import replace
 
 from fedsim.messages import Instruction, Reply
 
@@ -76,8 +77,8 @@ class ClientActor:
         config, federation = self.host.config, self.host.federation
         return METHODS.get(config.method.name)(config, federation, device="cpu").init_server()
 
-    def execute(self, batch: list[tuple[int, str, int, dict]], *payloads) -> tuple[list[Reply], dict]:
-        """Run a batch of (client_id, operation, payload index, per-client config).
+    def execute(self, batch: list[tuple[int, int, Instruction]], *payloads) -> tuple[list[Reply], dict]:
+        """Run a batch of (client_id, payload index, the client's instruction without its tensors).
 
         ``payloads`` are the round's shared tensor dicts, passed as top-level
         ObjectRefs so Ray resolves each one once per actor (zero-copy numpy).
@@ -85,10 +86,10 @@ class ClientActor:
         recovery, the batch clients' private states after the call.
         """
         items = []
-        for client_id, operation, payload_index, config in batch:
+        for client_id, payload_index, bare in batch:
             if self.kill:
-                self._hook(client_id, operation)
-            items.append((client_id, Instruction(operation, payloads[payload_index], config)))
+                self._hook(client_id, bare.operation)
+            items.append((client_id, replace(bare, tensors=payloads[payload_index])))
         replies = self.host.execute_batch(items)  # one call: the host may train these clients batched
         worked = {item[0] for item in batch}
         states = {cid: st for cid, st in self.host.export_states().items() if cid in worked}

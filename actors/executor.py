@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 import ray
@@ -69,11 +69,15 @@ class ActorSpec:
     num_cpus: float
     num_gpus: float
     kill: str = ""  # the FEDSIM_TEST_KILL test hook (fedsim.actors.client), "" when unset
+    runtime_env: Any = None  # the actors' Ray runtime environment (None: the job's, or the creating actor's)
 
     def create(self, index: int):
+        options: dict[str, Any] = dict(num_cpus=self.num_cpus, num_gpus=self.num_gpus)
+        if self.runtime_env:
+            options["runtime_env"] = self.runtime_env
         return (
             ray.remote(ClientActor)
-            .options(num_cpus=self.num_cpus, num_gpus=self.num_gpus)
+            .options(**options)
             .remote(self.config, self.federation, list(self.hosted[index]), self.device, self.kill)
         )
 
@@ -218,7 +222,8 @@ class RayExecutor(Executor):
         return dict(sorted(replies.items()))
 
     def _batches(self, instructions: dict[int, Instruction]) -> tuple[list, dict[int, list]]:
-        """One ``ray.put`` per distinct tensor dict, and each actor's batch of (client, operation, payload, config)."""
+        """One ``ray.put`` per distinct tensor dict, and each actor's batch of (client, payload index, instruction
+        without its tensors)."""
         payload_refs: list = []
         payload_index: dict[int, int] = {}
         batches: dict[int, list] = {}
@@ -227,9 +232,7 @@ class RayExecutor(Executor):
             if key not in payload_index:
                 payload_index[key] = len(payload_refs)
                 payload_refs.append(ray.put(dict(ins.tensors)))
-            batches.setdefault(self.assignment[cid], []).append(
-                (cid, ins.operation, payload_index[key], dict(ins.config))
-            )
+            batches.setdefault(self.assignment[cid], []).append((cid, payload_index[key], replace(ins, tensors={})))
         return payload_refs, batches
 
     def _recreate(self, index: int):
@@ -241,9 +244,7 @@ class RayExecutor(Executor):
         if replay:
             refs = [ray.put(dict(ins.tensors)) for _, ins in replay]
             ray.get(
-                actor.execute.remote(
-                    [(cid, ins.operation, i, dict(ins.config)) for i, (cid, ins) in enumerate(replay)], *refs
-                )
+                actor.execute.remote([(cid, i, replace(ins, tensors={})) for i, (cid, ins) in enumerate(replay)], *refs)
             )
         state_refs = list(dict.fromkeys(self.state_refs[cid] for cid in hosted if cid in self.state_refs))
         if state_refs:

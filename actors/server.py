@@ -69,7 +69,10 @@ class RemoteServer:
     def _launch(self) -> None:
         config, federation, executor, handoff = self._launch_args
         state = {} if handoff else None
-        self.actor = ray.remote(Server).options(num_cpus=0).remote(config, federation, executor, state)
+        options = {"num_cpus": 0}
+        if executor.spec.runtime_env:  # the run's plugins, where the job's environment does not carry them
+            options["runtime_env"] = executor.spec.runtime_env
+        self.actor = ray.remote(Server).options(**options).remote(config, federation, executor, state)
         self._started = self.actor.__ray_call__.remote(_start, handoff)
 
     def __getattr__(self, name: str):

@@ -99,7 +99,10 @@ def _resolve_out(args, spec: Optional[SweepSpec], base) -> Path:
                 "give the directory of an earlier 'fedsim sweep'"
             )
         return path
-    out = args.out or f"runs/sweep-{time.strftime('%Y%m%d-%H%M%S')}-{base.data.benchmark}-{base.data.target}"
+    from fedsim.experiments.cli import safe_name
+
+    names = "-".join(safe_name(name) for name in (base.data.benchmark, base.data.target))
+    out = args.out or f"runs/sweep-{time.strftime('%Y%m%d-%H%M%S')}-{names}"
     path = Path(out)
     if path.exists() and not path.is_dir():
         raise UserError(f"--out {out} is a file: give a directory path")
@@ -124,12 +127,14 @@ def _fit(tuner):
                 signal.signal(sig, handler)
 
 
-def _tuner(spec: SweepSpec, plans: dict, out: Path, *, resume: bool, quiet: bool):
-    """The Tuner over the grid's trials (each placed by its plan), or the one restored from ``out``."""
+def _tuner(spec: SweepSpec, plans: dict, out: Path, *, resume: bool, quiet: bool, plugins: Optional[dict] = None):
+    """The Tuner over the grid's trials (each placed by its plan), or the one restored from ``out``; ``plugins``:
+    the plugin folders and entry-point names each trial adopts (:func:`fedsim.actors.plugins.plugin_settings`)."""
     from ray import tune
 
     trainable = tune.with_resources(
-        tune.with_parameters(run_trial, spec_json=spec.to_json(), sweep_dir=str(out.resolve())), TrialResources(plans)
+        tune.with_parameters(run_trial, spec_json=spec.to_json(), sweep_dir=str(out.resolve()), plugins=plugins),
+        TrialResources(plans),
     )
     if resume:
         tune_dir = str(out.resolve() / TUNE_NAME)
@@ -166,10 +171,12 @@ def run_grid(
     from ray import tune
 
     from fedsim.actors.backend import check_reachable, connect, shutdown_own_cluster
+    from fedsim.actors.plugins import check_user_env, job_runtime_env, plugin_settings, plugins_of
 
     if address:
         check_reachable(address)  # also when this process already runs Ray
-    started = connect(address)
+    plugins = plugins_of(configs.values())
+    started = connect(address, runtime_env=job_runtime_env(plugins, check_user_env(configs.values()), bool(address)))
     try:
         cluster = ray.cluster_resources()
         if any(c.resources.gpus_per_client > 0 for c in configs.values()) and cluster.get("GPU", 0) == 0:
@@ -184,7 +191,7 @@ def run_grid(
         out.mkdir(parents=True, exist_ok=True)
         for name, text in ({} if resume else (files or {})).items():
             (out / name).write_text(text)
-        tuner = _tuner(spec, plans, out, resume=resume, quiet=quiet)
+        tuner = _tuner(spec, plans, out, resume=resume, quiet=quiet, plugins=plugin_settings(plugins))
         log.info("%d trials in %s", len(configs), out)
         return collect_records(_fit(tuner), spec, configs)
     finally:

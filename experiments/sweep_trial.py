@@ -8,7 +8,7 @@ import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 from fedsim.errors import UserError
 from fedsim.experiments.sweep_grid import SweepSpec, point_key
@@ -122,16 +122,19 @@ class TuneReport(Callback):
         report(row)
 
 
-def run_trial(params: dict, spec_json: str = "", sweep_dir: str = "") -> None:
+def run_trial(params: dict, spec_json: str = "", sweep_dir: str = "", plugins: Optional[dict] = None) -> None:
     """Tune's trainable: one simulation with as many client actors as the trial reserved bundles.
 
     Its run directory is ``<sweep>/runs/<trial id>`` (written on the node that runs the trial;
-    ``tune.get_context().get_trial_dir()`` is a temporary directory under /tmp/ray)."""
+    ``tune.get_context().get_trial_dir()`` is a temporary directory under /tmp/ray). ``plugins``: the plugin
+    folders (those that exist on this node go on ``sys.path``) and entry-point names of the sweep."""
     from ray import tune
 
+    from fedsim.actors.plugins import adopt_settings
     from fedsim.api import run_experiment
     from fedsim.runtime.simulator import default_callbacks
 
+    adopt_settings(plugins)
     context = tune.get_context()
     request = context.get_trial_resources()
     actors = len(request.bundles) - (0 if request.head_bundle_is_empty else 1)

@@ -111,7 +111,7 @@ def fake_ray(monkeypatch, we_started: bool, start_server):
     replaced; returns (the backend module, the list that grows by one per shutdown)."""
     backend = pytest.importorskip("fedsim.actors.backend")
     shutdowns = []
-    monkeypatch.setattr(backend, "connect", lambda address, num_cpus=None: we_started)
+    monkeypatch.setattr(backend, "connect", lambda address, num_cpus=None, runtime_env=None: we_started)
     monkeypatch.setattr(backend.ray, "shutdown", lambda: shutdowns.append(1))
     monkeypatch.setattr(backend.ray._private.worker, "_global_node", None)  # no real node's processes touched
     monkeypatch.setattr(backend, "start_server", start_server)
@@ -121,7 +121,7 @@ def fake_ray(monkeypatch, we_started: bool, start_server):
 @pytest.mark.parametrize("we_started", [True, False])
 def test_the_ray_backend_stops_only_a_cluster_its_run_started(monkeypatch, we_started):
     """``connect`` answers False when Ray is already up (a Tune trial, a joined cluster): never shut down then."""
-    backend, shutdowns = fake_ray(monkeypatch, we_started, lambda config, federation: FakeServer())
+    backend, shutdowns = fake_ray(monkeypatch, we_started, lambda config, federation, runtime_env: FakeServer())
     config = load_config(None, ["run.backend=ray"])
     for started in (None, backend.start_backend(config)):  # opened directly, and after an early start
         server, close = backend.open_server(config, None, None, started)
@@ -132,7 +132,7 @@ def test_the_ray_backend_stops_only_a_cluster_its_run_started(monkeypatch, we_st
 
 
 def test_a_failed_actor_start_stops_the_cluster_its_run_started(monkeypatch):
-    def failing(config, federation):
+    def failing(config, federation, runtime_env):
         raise UserError("a client actor kept dying")
 
     backend, shutdowns = fake_ray(monkeypatch, True, failing)
