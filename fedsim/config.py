@@ -268,9 +268,17 @@ def _build_data(data_raw: dict) -> DataConfig:
                 f"unknown config key 'data.{key}' for benchmark {_benchmark_name(data_raw)!r} ({keys}): "
                 f"{closest(str(key), shared + own)}"
             )
+    options = build_checked(options_cls, {k: v for k, v in data_raw.items() if k in own}, "data")
+    try:
+        hash(options)
+    except TypeError as exc:
+        raise UserError(
+            f"the options of benchmark {_benchmark_name(data_raw)!r} hold an unhashable value ({exc}): declare a list "
+            "option as a tuple[...] field"
+        ) from None
     return dataclasses.replace(
         build_checked(DataConfig, {k: v for k, v in data_raw.items() if k in shared}, "data", moved=MOVED_KEYS),
-        options=build_checked(options_cls, {k: v for k, v in data_raw.items() if k in own}, "data"),
+        options=options,
     )
 
 

@@ -97,8 +97,14 @@ class Registry(Generic[T]):
     def check(self, name: str) -> None:
         """Raise :meth:`get`'s UserError now for a name that is not a built-in's file or package (a built-in's
         module is imported where it is used: a driver that builds no model never imports torch)."""
-        if not (name.isidentifier() and self._has_module(name)):
-            self.get(name)
+        self.plugin_target(name)
+
+    def plugin_target(self, name: str) -> Optional[str]:
+        """The "module:attribute" a plugin's name loads, loading it; None for a built-in, found by its file alone."""
+        if not is_path(name) and name.isidentifier() and self._has_module(name):
+            return None
+        self.get(name)
+        return self.targets.get(name)
 
     def _has_module(self, name: str) -> bool:
         """Whether the built-in package has a module or package ``name`` (found without importing the package)."""
@@ -237,8 +243,7 @@ def plugin_targets(configs: Iterable) -> list[str]:
     targets: list[str] = []
     for config in configs:
         for registry, name in named_parts(config):
-            registry.get(name)
-            target = registry.targets.get(name)
+            target = registry.plugin_target(name)
             if target and target not in targets:
                 targets.append(target)
     return targets
@@ -250,7 +255,7 @@ def entry_point_table(configs: Iterable) -> dict[str, dict[str, str]]:
     table: dict[str, dict[str, str]] = {}
     for config in configs:
         for registry, name in named_parts(config):
-            registry.get(name)
-            if name in registry.targets and not is_path(name):
-                table.setdefault(registry.group, {})[name] = registry.targets[name]
+            target = registry.plugin_target(name)
+            if target and not is_path(name):
+                table.setdefault(registry.group, {})[name] = target
     return table

@@ -71,7 +71,7 @@ SOURCES = {
     "data.py": '''
         """Clusters: one Gaussian cluster per class in four dimensions; each domain shifted further."""
 
-        from dataclasses import dataclass
+        from dataclasses import dataclass, field
 
         import numpy as np
 
@@ -107,6 +107,14 @@ SOURCES = {
                 noise = numpy_rng(self.config.seed, "clusters", domain).normal(0, 0.5, size=(len(y), 4))
                 x = centers[y] + noise + self.options.shift * self.domains().index(domain)
                 return split_named_domain(domain, x.astype(np.float32), y.astype(np.int64), 3, self.config)
+
+
+        class Listed(Clusters):
+            """Clusters whose options hold a list."""
+
+            @dataclass(frozen=True)
+            class Options:
+                names: list = field(default_factory=lambda: ["a", "b"])
     ''',
     "nets.py": '''
         """A small perceptron."""
@@ -303,6 +311,7 @@ BAD = [
     (["--benchmark", BENCHMARK, "--set", "data.shiftt=1"], "did you mean 'shift'?"),
     (["--benchmark", BENCHMARK, "--set", "data.per_domain=5"], "data.per_domain must be 12 or more, got 5"),
     (["--method", METHOD, "--set", "method.server_momentum=1"], "method.server_momentum must be in [0, 1)"),
+    (["--benchmark", "plugpkg.data:Listed", "--target", "a"], "hold an unhashable value (unhashable type: 'list')"),
     (["--method", "momentun"], "unknown method 'momentun': did you mean 'momentum'?"),
 ]
 
