@@ -1,7 +1,7 @@
 """Record or check the numbers of every registered method on tiny fixed-seed configs, on both backends.
 
-    python -m fedsim.experiments.golden check tests/golden/summaries.json [--only fedavg,fada]
-    python -m fedsim.experiments.golden record tests/golden/summaries.json [--only fada]  (--only: the other cases kept)
+    python -m tools.golden check tests/golden/summaries.json [--only fedavg,fada]
+    python -m tools.golden record tests/golden/summaries.json [--only fada]  (--only: the other cases kept)
 
 The golden summaries live in ``tests/golden/summaries.json``. ``check`` compares each run's summary (wall
 time left out), every evaluated round's metrics (timings left out) and a fingerprint of the final global tensors
