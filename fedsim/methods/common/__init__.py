@@ -1,1 +1,2 @@
-"""What several methods share: the training loop, alignment losses, detection evaluation, dictionary learning."""
+"""What several methods share: the training loop, aggregation, the evaluation summary, alignment pieces, detection
+training and evaluation, dictionary learning, batched local training."""
