@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from fedsim.losses import DomainLoss
+from fedsim.messages import LocalSettings
 from fedsim.methods.common.training import CHUNK, encode_in_chunks, make_optimizer
 from fedsim.optim import Optimizer
 from fedsim.seeding import numpy_rng
@@ -117,14 +118,16 @@ class AlignmentObjective:
         return {key: value / max(self.count, 1) for key, value in self.sums.items()}
 
 
-def alignment_optimizer(model: nn.Module, domain_loss: DomainLoss, method_config, domain_lr_scale: float) -> Optimizer:
-    """SGD over the model (``method.lr``) and the domain loss's parameters (``method.lr * domain_lr_scale``);
+def alignment_optimizer(
+    model: nn.Module, domain_loss: DomainLoss, settings: LocalSettings, domain_lr_scale: float
+) -> Optimizer:
+    """SGD over the model (``settings.lr``) and the domain loss's parameters (``settings.lr * domain_lr_scale``);
     each group keeps its base rate as ``initial_lr`` for the annealing."""
-    groups = [{"params": list(model.parameters()), "initial_lr": method_config.lr}]
+    groups = [{"params": list(model.parameters()), "initial_lr": settings.lr}]
     extra = list(domain_loss.parameters())
     if extra:
-        groups.append({"params": extra, "initial_lr": method_config.lr * domain_lr_scale})
-    optimizer = make_optimizer(groups, method_config)
+        groups.append({"params": extra, "initial_lr": settings.lr * domain_lr_scale})
+    optimizer = make_optimizer(groups, settings)
     for group in optimizer.param_groups:
         group["lr"] = group["initial_lr"]
     return optimizer

@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from fedsim.data.base import ArraySplit
+from fedsim.messages import LocalSettings
 from fedsim.optim import SGD, Optimizer
 
 #: rows per forward pass when a whole split is encoded or evaluated without gradients (bounds memory)
@@ -27,15 +28,12 @@ def load_numpy(model: nn.Module, tensors: Mapping[str, np.ndarray], strict: bool
     model.load_state_dict(state, strict=strict)
 
 
-def make_optimizer(model_or_params, method_config, lr: Optional[float] = None) -> SGD:
-    """SGD with the method section's momentum and weight decay (``lr`` overrides ``method.lr``): the update of
-    ``torch.optim.SGD``, without its import of ``torch._dynamo`` (:mod:`fedsim.optim`)."""
+def make_optimizer(model_or_params, settings: LocalSettings, lr: Optional[float] = None) -> SGD:
+    """SGD with the local settings' rate, momentum and weight decay (``lr`` overrides ``settings.lr``): the update
+    of ``torch.optim.SGD``, without its import of ``torch._dynamo`` (:mod:`fedsim.optim`)."""
     params = model_or_params.parameters() if isinstance(model_or_params, nn.Module) else model_or_params
     return SGD(
-        params,
-        lr=method_config.lr if lr is None else lr,
-        momentum=method_config.momentum,
-        weight_decay=method_config.weight_decay,
+        params, lr=settings.lr if lr is None else lr, momentum=settings.momentum, weight_decay=settings.weight_decay
     )
 
 
