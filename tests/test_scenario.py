@@ -75,9 +75,9 @@ def test_client_host_frees_a_domain_once_its_clients_hold_their_data(toy_overrid
     dom0 = [c.client_id for c in federation.clients if c.domain == "dom0"]
     expected = load_client_data(config.data, federation, dom0[0]).train.x.copy()
     host = ClientHost(config, federation, dom0)
-    host.execute(dom0[0], Instruction(DATA_STATS, {}, {}))
+    host.execute(dom0[0], Instruction(DATA_STATS))
     assert "dom0" in benchmark._loaded  # one client of the domain still to build
-    host.execute(dom0[1], Instruction(DATA_STATS, {}, {}))
+    host.execute(dom0[1], Instruction(DATA_STATS))
     assert "dom0" not in benchmark._loaded
     # a later request rebuilds the domain, bit-identical
     np.testing.assert_array_equal(load_client_data(config.data, federation, dom0[0]).train.x, expected)
