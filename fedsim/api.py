@@ -22,20 +22,32 @@ from fedsim.errors import UserError, unwrapped
 
 log = logging.getLogger(__name__)
 
-#: backend name -> "module:function" returning ``(server handle, close)`` for (config, federation, num_cpus); a
-#: module may also have ``start_backend(config, num_cpus)``, whose handle (with ``stop()``) the function then takes
-#: as a fourth argument (:func:`checked_federation_during`)
 BACKENDS = {"local": "fedsim.api:open_local", "ray": "fedsim.actors.backend:open_server"}
-#: seconds the federation's build runs alone before a backend's start overlaps it (see checked_federation_during)
+"""Backend name (``run.backend``) -> "module:function" returning ``(server handle, close)`` for (config,
+federation, num_cpus), the module imported only when the backend is used. A module may also have
+``start_backend(config, num_cpus)``, whose handle (with ``stop()``) the function then takes as a fourth argument
+(:func:`checked_federation_during`)."""
 HEAD_START_S = 0.1
+"""Seconds the federation's build runs alone before a backend's start overlaps it
+(:func:`checked_federation_during`)."""
 
 
 @dataclass
 class RunResult:
-    summary: dict  # what summary.json holds
-    history: list[dict]  # one metrics dict per round (what metrics.jsonl holds)
-    global_tensors: dict  # the final global model
+    """What :func:`run` and :func:`run_experiment` return: the run's summary, its rounds, its final model and its
+    clients."""
+
+    summary: dict
+    """What ``summary.json`` holds: the method, benchmark, target, backend and seed, the rounds run, the last
+    evaluated round's ``target_accuracy`` and ``source_accuracy`` (per source domain) with its other
+    ``target_accuracy_*``, ``source_accuracy_*`` and ``final_*`` metrics, the bytes sent and received over the run
+    and its ``wall_seconds``."""
+    history: list[dict]
+    """One metrics dict per round run, in order (what ``metrics.jsonl`` holds)."""
+    global_tensors: dict
+    """The final global model: tensor name -> numpy array (:meth:`fedsim.methods.base.Method.global_tensors`)."""
     federation: Federation
+    """The run's clients: which domain each holds, its role and sizes (:class:`fedsim.data.scenario.Federation`)."""
 
 
 def open_local(
