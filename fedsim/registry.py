@@ -31,9 +31,9 @@ from fedsim.errors import UserError
 
 T = TypeVar("T")
 
-#: environment variable holding {entry-point group: {name: "module:attribute"}} (JSON), set by fedsim for the
-#: processes it starts on Ray
 PLUGINS_ENV = "FEDSIM_PLUGINS"
+"""The environment variable holding {entry-point group: {name: "module:attribute"}} (JSON), set by fedsim for the
+processes it starts on Ray (:func:`entry_point_table`)."""
 #: entry-point names adopted in this process (:func:`adopt`), consulted as the environment variable is
 _adopted: dict[str, dict[str, str]] = {}
 
@@ -61,21 +61,31 @@ class Registry(Generic[T]):
         """``group``: the entry-point group of plugins; ``base``: "module:Class" a plugin must subclass (None: any
         callable); ``expected``: what a plugin must be, in the error that refuses another object."""
         self.kind = kind
+        """What the registry holds, in messages: "method", "benchmark" or "model"."""
         self.cli_flag = cli_flag
+        """How a user names one, in the error for an unknown name (``--method``)."""
         self.package = package
+        """The package of the built-ins, one module or package per name (``fedsim.methods``)."""
         self.group = group
+        """The entry-point group of plugins (``fedsim.methods``)."""
         self.base = base
+        """The "module:Class" a plugin must subclass (None: any callable)."""
         self.expected = expected
+        """What a plugin must be, in the error that refuses another object."""
         self._entries: dict[str, T] = {}
         self._all_loaded = False
-        self.unavailable: dict[str, str] = {}  # module or plugin name -> why it cannot be loaded
-        #: plugin name -> the "module:attribute" it loads (dotted paths and entry points)
+        self.unavailable: dict[str, str] = {}
+        """Module or plugin name -> why it cannot be loaded (a missing optional dependency, a broken plugin)."""
         self.targets: dict[str, str] = {}
-        #: plugin name -> where it comes from, for ``fedsim list``
+        """Plugin name -> the "module:attribute" it loads (dotted paths and entry points)."""
         self.origins: dict[str, str] = {}
+        """Plugin name -> where it comes from, for ``fedsim list``."""
         self._entry_points: Optional[tuple[dict[str, EntryPoint], dict[str, str]]] = None
 
     def register(self, name: str) -> Callable[[T], T]:
+        """A decorator that registers the class (or factory) it decorates under ``name`` and sets its
+        ``registry_name`` (``@METHODS.register("fedavg")``); another object under the same name raises ValueError."""
+
         def decorator(obj: T) -> T:
             if name in self._entries and self._entries[name] is not obj:
                 raise ValueError(f"{self.kind} {name!r} is registered twice")
@@ -89,6 +99,9 @@ class Registry(Generic[T]):
         return decorator
 
     def get(self, name: str) -> T:
+        """The class (or factory) registered as ``name``: a built-in, a dotted path ``module.path:Attribute`` or an
+        entry point's name, loaded on first use; an unknown name raises :class:`fedsim.errors.UserError` listing the
+        registered names and the closest match."""
         if not self._load(name):
             message = unknown_name_message(self.kind, name, self.names(), self.cli_flag)
             raise UserError(f"{message}, or a plugin as module.path:Attribute")
@@ -213,6 +226,8 @@ class Registry(Generic[T]):
 
 
 def unknown_name_message(kind: str, name: str, valid: list[str], flag: str) -> str:
+    """The one-line error for an unknown ``name`` of a ``kind``: the closest of ``valid`` (when one is close), then
+    every valid name and the ``flag`` that takes it."""
     close = difflib.get_close_matches(str(name), valid, n=1)
     hint = f"did you mean {close[0]!r}? " if close else ""
     return f"unknown {kind} {name!r}: {hint}choose one of {', '.join(valid)} with {flag}"
@@ -222,14 +237,18 @@ METHODS: Registry = Registry(
     "method", "--method", "fedsim.methods", "fedsim.methods", "fedsim.methods.base:Method",
     "a subclass of fedsim.methods.base.Method",
 )  # fmt: skip
+"""The federated methods (``method.name``, ``--method``): subclasses of :class:`fedsim.methods.base.Method`."""
 BENCHMARKS: Registry = Registry(
     "benchmark", "--benchmark", "fedsim.data.benchmarks", "fedsim.benchmarks", "fedsim.data.base:Benchmark",
     "a subclass of fedsim.data.base.Benchmark",
 )  # fmt: skip
+"""The benchmarks (``data.benchmark``, ``--benchmark``): subclasses of :class:`fedsim.data.base.Benchmark`."""
 MODELS: Registry = Registry(
     "model", "--set model.name=...", "fedsim.models", "fedsim.models", None,
     "a function (input_shape, num_classes, hidden) returning a fedsim.models.Classifier",
 )  # fmt: skip
+"""The models (``model.name``): functions ``(input_shape, num_classes, hidden)`` returning a
+:class:`fedsim.models.Classifier`."""
 
 
 def named_parts(config) -> list[tuple[Registry, str]]:
