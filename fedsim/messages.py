@@ -15,8 +15,9 @@ from typing import Mapping, Optional, Sequence, Union
 import numpy as np
 
 Tensors = Mapping[str, np.ndarray]
-#: what an instruction names beside its tensors: a number, a string, a flag, or a list or mapping of them
+"""Named numpy arrays: what a message carries on the wire (model weights, features, gradients)."""
 Value = Union[None, bool, int, float, str, Sequence["Value"], Mapping[str, "Value"]]
+"""What an instruction names beside its tensors: a number, a string, a flag, or a list or mapping of them."""
 
 
 @dataclass(frozen=True)
@@ -27,10 +28,15 @@ class LocalSettings:
     """
 
     local_epochs: int
+    """Epochs over the client's training split per local update (``method.local_epochs``)."""
     batch_size: int
+    """Mini-batch size (``method.batch_size``)."""
     lr: float
+    """SGD's learning rate (``method.lr``)."""
     momentum: float
+    """SGD's momentum (``method.momentum``)."""
     weight_decay: float
+    """SGD's L2 weight decay (``method.weight_decay``)."""
 
     @classmethod
     def from_method(cls, method_config) -> LocalSettings:
@@ -49,11 +55,20 @@ class Instruction:
     """
 
     operation: str
+    """The name of the client operation to run (a ``@client_operation`` of the method, e.g. "fit")."""
     tensors: Tensors = field(default_factory=dict)
+    """The named arrays sent to the client (e.g. the global weights); their bytes are the message's :attr:`nbytes`."""
     round: int = 0
+    """The round the instruction belongs to (1 for the first; a setup stage carries the round it precedes)."""
     seed: int = 0
+    """The seed the operation draws all its random numbers from: by default derived from (run seed, round, client,
+    operation) (:meth:`fedsim.runtime.context.RoundContext.seed`), so a result never depends on scheduling."""
     local: Optional[LocalSettings] = None
+    """The round's local-update settings (:meth:`fedsim.methods.base.Method.client_settings`); None only in an
+    instruction built outside a round."""
     values: Mapping[str, Value] = field(default_factory=dict)
+    """The operation's own data beside its tensors (numbers, strings, flags, lists or mappings of them; arrays are
+    refused: they travel as tensors)."""
 
     def __post_init__(self):
         arrays = sorted(k for k, v in self.values.items() if isinstance(v, np.ndarray))
@@ -62,6 +77,7 @@ class Instruction:
 
     @cached_property
     def nbytes(self) -> int:
+        """The bytes of :attr:`tensors`: what the instruction puts on the wire in the communication accounting."""
         return tensors_nbytes(self.tensors)
 
 
@@ -73,14 +89,21 @@ class Reply:
     """
 
     client_id: int
+    """The client that replies."""
     tensors: Tensors = field(default_factory=dict)
+    """The named arrays sent back (e.g. the updated weights); their bytes are the reply's :attr:`nbytes`."""
     metrics: Mapping[str, float] = field(default_factory=dict)
+    """Scalar metrics of the operation (e.g. ``train_loss``, an evaluation's ``correct`` and ``total`` counts), which
+    the server half summarizes."""
     num_examples: int = 0
+    """The samples behind the reply (e.g. the training samples of an update: FedAvg's weight in the mean)."""
 
     @cached_property
     def nbytes(self) -> int:
+        """The bytes of :attr:`tensors`: what the reply puts on the wire in the communication accounting."""
         return tensors_nbytes(self.tensors)
 
 
 def tensors_nbytes(tensors: Tensors) -> int:
+    """The total bytes of the arrays' buffers: what sending ``tensors`` costs on the wire."""
     return int(sum(np.asarray(t).nbytes for t in tensors.values()))
