@@ -25,6 +25,7 @@ from fedsim.validation import bare_off, build_checked, check_task_pair, closest,
 
 
 def default_cache_dir() -> str:
+    """``data.cache_dir``'s default: the ``FEDSIM_CACHE`` environment variable, else ``~/.cache/fedsim``."""
     return os.environ.get("FEDSIM_CACHE", str(Path.home() / ".cache" / "fedsim"))
 
 
@@ -38,23 +39,44 @@ class DataConfig:
     """What every benchmark shares; ``options`` holds the benchmark's own frozen ``Options`` dataclass."""
 
     benchmark: str = "digits"
-    target: str = "auto"  # "auto": the benchmark's default target (digits: mnistm)
+    """The benchmark's registered name (``--benchmark``; see :data:`fedsim.registry.BENCHMARKS`)."""
+    target: str = "auto"
+    """The target domain, unlabeled for training (``--target``); "auto": the benchmark's ``default_target``
+    (digits: mnistm)."""
     clients_per_domain: int = 1
-    partition: str = "iid"  # "iid" or "dirichlet" (label skew)
+    """The clients that share each domain's data (``--clients-per-domain``)."""
+    partition: str = "iid"
+    """How a domain's training split is shared out among its clients: "iid" or "dirichlet" (label skew); the test
+    split is always shared out IID."""
     dirichlet_alpha: float = 0.5
-    seed: int = 0  # fixes domain construction and splits; independent of run.seed
-    root: Optional[str] = None  # folder of user files (npz, real-file loaders)
+    """The concentration of the "dirichlet" partition: each class is spread over a domain's clients by proportions
+    drawn from Dir(alpha) (Hsu et al. 2019); the smaller, the stronger the skew."""
+    seed: int = 0
+    """Fixes domain construction, train/test splits and partitions; independent of ``run.seed``."""
+    root: Optional[str] = None
+    """The folder of the user's own files (npz files, the real-file loaders' data)."""
     cache_dir: str = field(default_factory=default_cache_dir)
-    max_train_per_domain: Optional[int] = None  # subsample for quick runs
-    sources: tuple[str, ...] = ()  # source domains; empty = every domain but the target
-    normalization: str = "auto"  # "auto" (the benchmark's default), "none", "federated", "per-domain"
-    options: Any = field(default_factory=NoOptions)  # the benchmark's own frozen dataclass (``Benchmark.Options``)
+    """Where built domains are cached on disk (:func:`default_cache_dir`)."""
+    max_train_per_domain: Optional[int] = None
+    """At most this many training samples per domain, class proportions kept (for quick runs); None: all."""
+    sources: tuple[str, ...] = ()
+    """The source domains (``--sources``); empty: every domain but the target."""
+    normalization: str = "auto"
+    """Feature standardization: "auto" (the benchmark's ``default_normalization``), "none", "federated" (one mean
+    and spread from the clients' summed statistics) or "per-domain" (:mod:`fedsim.data.normalization`)."""
+    options: Any = field(default_factory=NoOptions)
+    """The benchmark's own frozen dataclass (``Benchmark.Options``), set by ``data.<field>`` keys."""
 
 
 @dataclass(frozen=True)
 class ModelConfig:
+    """The ``model`` section: which registered model the methods build, and its width."""
+
     name: str = "auto"  # "auto" chooses from the input shape (cnn for images, mlp for vectors)
+    """The model's registered name (:data:`fedsim.registry.MODELS`); "auto" chooses from the input shape: ``cnn``
+    for images, ``mlp`` for feature vectors."""
     hidden: int = 128
+    """The width of the encoder's output, the features the head classifies (the model function's ``hidden``)."""
 
 
 @dataclass(frozen=True)
@@ -64,35 +86,74 @@ class NoParams:
 
 @dataclass(frozen=True)
 class MethodConfig:
+    """The ``method`` section: the method, the settings of its local update (:class:`fedsim.messages.LocalSettings`)
+    and its own ``Params``. A method may change these defaults (``Method.config_defaults``)."""
+
     name: str = "fedavg"
+    """The method's registered name (``--method``; see :data:`fedsim.registry.METHODS`)."""
     local_epochs: int = 1
+    """Epochs over a client's training split per local update (``--local-epochs``)."""
     batch_size: int = 32
+    """The mini-batch size of local training."""
     lr: float = 0.05
+    """SGD's learning rate in local training."""
     momentum: float = 0.9
+    """SGD's momentum in local training (a fresh optimizer every local update)."""
     weight_decay: float = 0.0
-    params: Any = field(default_factory=NoParams)  # the method's own frozen dataclass
+    """SGD's L2 weight decay in local training."""
+    params: Any = field(default_factory=NoParams)
+    """The method's own frozen dataclass (``Method.Params``), set by ``method.<field>`` keys (``method.mu`` for
+    FedProx)."""
 
 
 @dataclass(frozen=True)
 class RunConfig:
+    """The ``run`` section: rounds, seed, backend, evaluation, checkpoints and what a run writes or shows."""
+
     rounds: int = 20
+    """The federated rounds to run (``--rounds``)."""
     seed: int = 0
-    backend: str = "ray"  # "ray" or "local"
-    address: Optional[str] = None  # None: fresh local Ray cluster; "auto" or host:port joins one
+    """The run's root seed (``--seed``): the model's initialization, client sampling and every client operation's
+    seed derive from it (:mod:`fedsim.seeding`); independent of ``data.seed``."""
+    backend: str = "ray"
+    """The backend (``--backend``): "ray" (client actors on a Ray cluster) or "local" (every client in this process,
+    one after the other)."""
+    address: Optional[str] = None
+    """The Ray cluster: None starts a fresh local one; "auto" or host:port joins a running one."""
     out: Optional[str] = None
+    """Not read by a run: ``fedsim run`` takes its run directory from ``--out`` and :func:`fedsim.api.run` from its
+    ``out`` argument; ``fedsim sweep`` refuses the key."""
     eval_every: int = 1
-    clients_per_round: Optional[float] = None  # None: all; an integer >= 1: that many; a fraction in (0, 1): that share
-    checkpoint_every: int = 5  # rounds between checkpoints (0: none); `fedsim run --resume DIR` continues
-    early_stop_patience: Optional[int] = None  # rounds without source-accuracy gain; never uses target labels
+    """Evaluate every this many rounds; the last round is always evaluated."""
+    clients_per_round: Optional[float] = None
+    """The clients that work in a round (``--clients-per-round``), drawn from the seed: None, all; an integer
+    >= 1, that many; a fraction in (0, 1), that share."""
+    checkpoint_every: int = 5
+    """Rounds between checkpoints in the run directory (0: none); ``fedsim run --resume DIR`` continues from the
+    last one."""
+    early_stop_patience: Optional[int] = None
+    """Stop after this many evaluated rounds without a gain of the mean source accuracy (None: never); target
+    labels are never used."""
     tensorboard: bool = True
+    """Write TensorBoard events to ``tb/`` in the run directory."""
     progress: bool = True
+    """Show a progress bar over the rounds."""
 
 
 @dataclass(frozen=True)
 class ResourcesConfig:
+    """The ``resources`` section: what a client gets, and whether clients' steps are batched together."""
+
     cpus_per_client: float = 1.0
+    """The CPUs a Ray client actor reserves (a cluster holds at most its CPUs / this many actors), and a client's
+    torch threads on either backend (rounded down, at least 1)."""
     gpus_per_client: float = 0.0
-    vectorize: str = "off"  # "off": each client alone (the committed results); "auto": batched (docs/performance.md)
+    """The GPUs a Ray client actor reserves (a fraction shares one); above 0 the clients run on CUDA. The local
+    backend runs on the CPU, as does a Ray cluster without GPUs (with a warning)."""
+    vectorize: str = "off"
+    """Batched clients: "off", each client's operation runs alone (the committed results); "auto", the local SGD of
+    the clients in one call runs as one batched computation where it is faster
+    (:mod:`fedsim.methods.common.vectorized`, ``docs/performance.md``)."""
 
     def __post_init__(self):  # YAML reads a bare `off` as false
         object.__setattr__(self, "vectorize", bare_off(self.vectorize))
@@ -102,13 +163,17 @@ class ResourcesConfig:
 class RayConfig:
     """Settings of the Ray backend only (read by ``actors/``; the local backend ignores them)."""
 
-    max_restarts: int = 3  # attempts to recreate a dead client actor within one operation
-    call_timeout_s: float = 0.0  # a client call silent this long counts as failed (0: wait forever)
-    max_actors: Optional[int] = None  # None: as many as the cluster's CPUs allow, at most one per client
-    inject_faults: int = 0  # kill this many client actors at seeded rounds (recovery demo and tests)
-    #: Ray runtime environment of the run's workers (``pip``, ``py_modules``, ``env_vars``, ...) when fedsim starts
-    #: or joins the cluster; fedsim adds what the workers need to import the run's plugins
+    max_restarts: int = 3
+    """Attempts to recreate a dead client actor within one operation."""
+    call_timeout_s: float = 0.0
+    """A client call silent this long counts as failed (0: wait forever)."""
+    max_actors: Optional[int] = None
+    """The most client actors (None: as many as the cluster's CPUs allow, at most one per client)."""
+    inject_faults: int = 0
+    """Kill this many client actors at seeded rounds (recovery demo and tests)."""
     runtime_env: Optional[dict] = field(default=None, hash=False)
+    """The Ray runtime environment of the run's workers (``pip``, ``py_modules``, ``env_vars``, ...) when fedsim
+    starts or joins the cluster; fedsim adds what the workers need to import the run's plugins."""
 
     def __post_init__(self):
         env = self.runtime_env
@@ -119,15 +184,14 @@ class RayConfig:
             )
 
 
-#: keys that moved to the ``ray`` section: an old config gets one line naming the new key
 MOVED_KEYS = {
     "run.inject_faults": "ray.inject_faults",
     "resources.max_restarts": "ray.max_restarts",
     "resources.call_timeout_s": "ray.call_timeout_s",
     "resources.max_actors": "ray.max_actors",
 }
+"""Keys that moved to the ``ray`` section -> their key there: a config that uses one gets one line naming it."""
 
-#: ``fedsim run`` flags (argparse names) and ``fedsim.run`` keywords -> config keys
 KEYWORDS = {
     "method": "method.name",
     "benchmark": "data.benchmark",
@@ -144,22 +208,33 @@ KEYWORDS = {
     "gpus_per_client": "resources.gpus_per_client",
     "inject_faults": "ray.inject_faults",
 }
+"""``fedsim run`` flags (argparse names) and :func:`fedsim.api.run` keywords -> config keys."""
 
 
 @dataclass(frozen=True)
 class ExperimentConfig:
+    """One experiment, section by section as in its YAML file; built and checked by :func:`load_config`."""
+
     data: DataConfig = field(default_factory=DataConfig)
+    """The ``data`` section: benchmark, target, clients and the benchmark's own options."""
     model: ModelConfig = field(default_factory=ModelConfig)
+    """The ``model`` section: the model the methods build."""
     method: MethodConfig = field(default_factory=MethodConfig)
+    """The ``method`` section: the method, its local update and its own parameters."""
     run: RunConfig = field(default_factory=RunConfig)
+    """The ``run`` section: rounds, seed, backend, evaluation and checkpoints."""
     resources: ResourcesConfig = field(default_factory=ResourcesConfig)
+    """The ``resources`` section: CPUs and GPUs per client, batched clients."""
     ray: RayConfig = field(default_factory=RayConfig)
+    """The ``ray`` section: settings of the Ray backend only."""
 
     def to_dict(self) -> dict:
+        """Nested dicts of plain values, one per section (the form of ``config.yaml``; :func:`to_plain`)."""
         return to_plain(self)
 
 
 SECTIONS = {f.name: f.type for f in fields(ExperimentConfig)}
+"""The sections of a config file: the fields of :class:`ExperimentConfig` (name -> the field's annotation)."""
 
 
 def to_plain(obj: Any) -> Any:
@@ -201,6 +276,8 @@ def parse_override(text: str) -> tuple[list[str], Any]:
 
 
 def read_yaml(path: str | Path) -> dict:
+    """A config file's sections, as a dict (empty for an empty file); a missing file, bad YAML or anything but a
+    mapping raises :class:`fedsim.errors.UserError`."""
     p = Path(path)
     if not p.is_file():
         raise UserError(f"config file {str(p)!r} does not exist: pass an existing YAML file with --config")
@@ -363,4 +440,6 @@ def load_config(
 
 
 def dump_yaml(config: ExperimentConfig) -> str:
+    """The config as YAML, sections in order (what a run directory's ``config.yaml`` holds, read back by
+    :func:`load_config`)."""
     return yaml.safe_dump(config.to_dict(), sort_keys=False)
