@@ -87,7 +87,7 @@ def test_cwru_default_classes_are_those_every_chosen_load_has(tmp_path, caplog):
     _write_cwru(tmp_path, loads=("0hp",), numbered=True)
     _write_cwru(tmp_path, loads=("1hp", "2hp"), numbered=True, classes=("inner_007", "outer_007"))
     with caplog.at_level(logging.INFO, logger="fedsim.data.benchmarks.cwru"):
-        bench = _bench(tmp_path, target="2hp")
+        bench = _bench(tmp_path, target="2hp", loads=("0hp", "1hp", "2hp"))
         assert bench.classes == ("inner_007", "outer_007")
         assert bench.load("0hp").num_classes == 2 and bench.load("1hp").num_classes == 2
     lines = [r.getMessage() for r in caplog.records if "common" in r.getMessage()]
@@ -98,6 +98,85 @@ def test_cwru_default_classes_are_those_every_chosen_load_has(tmp_path, caplog):
     _write_cwru(tmp_path / "more", loads=("0hp", "3hp"))
     _write_cwru(tmp_path / "more", loads=("1hp",), classes=("normal", "inner_007"))
     assert _bench(tmp_path / "more", target="3hp", sources=("0hp",)).classes == tuple(FREQS)
+
+
+def test_cwru_domains_are_the_authors_three_loads_and_the_named_ones(tmp_path):
+    """The authors' A, B, C are 1hp, 2hp, 3hp; 0hp is a domain only when the task names it."""
+    _write_cwru(tmp_path, loads=("0hp", "1hp", "2hp", "3hp"))
+    assert CWRUBenchmark.default_target == "1hp"
+    assert _bench(tmp_path).domains() == ["1hp", "2hp", "3hp"]
+    assert _bench(tmp_path, target="2hp").domains() == ["1hp", "2hp", "3hp"]
+    assert _bench(tmp_path, target="0hp").domains() == ["0hp", "1hp", "2hp", "3hp"]
+    assert _bench(tmp_path, target="3hp", sources=("0hp",)).domains() == ["0hp", "1hp", "2hp", "3hp"]
+    assert _bench(tmp_path, loads=("3hp", "0hp")).domains() == ["0hp", "3hp"]
+    with pytest.raises(UserError, match=r"load 0hp is not in the task \(loads 1hp, 2hp, 3hp\).*data.loads") as info:
+        _bench(tmp_path).load("0hp")
+    assert "\n" not in str(info.value)
+
+
+def test_cwru_default_run_builds_the_authors_task_without_target_statistics(tmp_path):
+    """``fedsim run --benchmark cwru`` at its defaults: target 1hp, sources 2hp and 3hp, the raw FFT magnitudes
+    (no standardization, so no client's statistics, the target's least of all, touch its inputs); per-domain
+    standardization stays an option and scales each client by its own training split."""
+    from fedsim.config import build_config
+    from fedsim.data.scenario import build_federation, get_domain, resolve_normalization
+
+    _write_cwru(tmp_path, loads=("0hp", "1hp", "2hp", "3hp"))
+    config = build_config({"data": {"benchmark": "cwru", "root": str(tmp_path)}})
+    assert config.data.target == "1hp" and resolve_normalization(config.data) == "none"
+    federation = build_federation(config.data)
+    assert federation.domains == ("1hp", "2hp", "3hp") and federation.target == "1hp"
+    assert federation.num_classes == 3 and federation.input_shape == (512,)
+    target = get_domain(config.data, "1hp")
+    signal = _signal("normal", 1)[:1024, 0]
+    expected = np.abs(np.fft.rfft(signal - signal.mean()))[:512] * (2.0 / 1024)
+    rows = np.concatenate([target.train_x, target.test_x])
+    assert np.min(np.abs(rows - expected.astype(np.float32)).max(axis=1)) < 1e-6  # a window, as computed
+    assert abs(float(rows.mean())) > 1e-3 and rows.min() >= 0.0  # magnitudes, not centred by the target's mean
+
+    from fedsim.data.normalization import normalize_domains
+
+    per_domain = normalize_domains({"1hp": (target.train_x, target.test_x)}, "per-domain")["1hp"][0]
+    np.testing.assert_allclose(per_domain.mean(axis=0), 0.0, atol=1e-4)
+    spread = per_domain.std(axis=0)
+    assert np.all((np.abs(spread - 1.0) < 1e-3) | (spread < 1e-6))
+
+
+def test_cwru_window_option(tmp_path):
+    _write_cwru(tmp_path)
+    dom = _bench(tmp_path, window=2048).load("1hp")
+    assert dom.input_shape == (1024,) and len(dom.train_y) + len(dom.test_y) == 3 * (5000 // 2048)
+    x, y = np.concatenate([dom.train_x, dom.test_x]), np.concatenate([dom.train_y, dom.test_y])
+    assert np.all(np.abs(np.argmax(x[y == 2], axis=1) - 3000 / RATE * 2048) <= 1)  # outer_007 at 3 kHz
+    with pytest.raises(UserError, match="data.window must be an integer of at least 8"):
+        _bench(tmp_path, window=4)
+    with pytest.raises(UserError, match="at least one window of 8192"):
+        _bench(tmp_path, window=8192).load("1hp")
+
+
+@pytest.mark.parametrize(
+    "loads, message",
+    [
+        (("1hp", "4hp"), "unknown cwru load '4hp'"),
+        (("1hp", "1hp"), "names 1hp more than once"),
+        (("2hp",), "a task needs a source and a target"),
+        (("0hp", "1hp"), "load 0hp is named \\(data.loads\\) but 0hp/ is not under"),
+    ],
+)
+def test_cwru_load_choice_refusals(tmp_path, loads, message):
+    _write_cwru(tmp_path)
+    with pytest.raises(UserError, match=message) as info:
+        _bench(tmp_path, loads=loads).domains()
+    assert "\n" not in str(info.value)
+
+
+def test_cwru_too_few_task_loads(tmp_path):
+    _write_cwru(tmp_path, loads=("0hp", "1hp"))
+    with pytest.raises(UserError, match=r"the task has 1 load \(1hp\).*data.loads"):
+        _bench(tmp_path).domains()
+    assert _bench(tmp_path, target="0hp").domains() == ["0hp", "1hp"]
+    with pytest.raises(UserError, match="load 3hp is named \\(--target or data.sources\\)"):
+        _bench(tmp_path, target="3hp").domains()
 
 
 def test_cwru_named_classes_in_the_order_given(tmp_path):
@@ -169,7 +248,7 @@ def test_cwru_layout_errors(tmp_path):
         _bench(tmp_path).domains()
     (tmp_path / "0hp").mkdir()
     with pytest.raises(UserError, match="at least two classes|fewer than two"):
-        _bench(tmp_path).domains()  # an empty load folder has no class in common with the others
+        _bench(tmp_path, target="0hp").domains()  # an empty load folder has no class in common with the others
     (tmp_path / "0hp").rmdir()
     _write_cwru(tmp_path, loads=("2hp",))
     with pytest.raises(UserError, match="fft"):
