@@ -47,33 +47,37 @@ def client_operation(function: ClientOperation) -> ClientOperation:
 class Method:
     """Base class; subclasses register with ``@METHODS.register(name)``. Class attributes, all read by the runtime:"""
 
-    #: the method's own frozen parameter dataclass (``method.<name>`` keys); ``__post_init__`` validates it
     Params: ClassVar[type] = NoParams
-    #: "classification" or "detection": the benchmarks' task the method runs on (other pairs are refused up front)
+    """The method's own frozen parameter dataclass, set by ``method.<field>`` keys (FedProx's ``method.mu``, the
+    proximal weight of Li et al., MLSys 2020, Eq. 2); its ``__post_init__`` validates it. Default: no parameters."""
     task: ClassVar[str] = "classification"
-    #: client-state keys that are caches rebuilt on demand (e.g. a model shared by the clients of a
-    #: process), not private state: checkpoints, actor recovery and the privacy contract leave them out
+    """The task of the benchmarks the method runs on, "classification" or "detection" (a method and a benchmark of
+    different tasks are refused before anything starts)."""
     transient_state_keys: ClassVar[tuple[str, ...]] = ("model",)
-    #: client-state keys whose content the protocol sends on purpose (the target's w_t in FADA, FedOD's uploaded
-    #: w_i, FedBN/FedRep's evaluation-only personal parts): the privacy contract test leaves them out; checkpoints
-    #: keep them
+    """Client-state keys that are caches rebuilt on demand (e.g. a model shared by the clients of a process), not
+    private state: checkpoints, actor recovery and the privacy contract leave them out."""
     disclosed_state_keys: ClassVar[tuple[str, ...]] = ()
-    #: True for references that move client data to the server on purpose (pooled training): their replies
-    #: carry inputs, which the privacy contract test otherwise forbids
+    """Client-state keys whose content the protocol sends on purpose: FADA's client models (Peng et al., ICLR 2020,
+    Alg. 1: the target sends w_t, a source its delta w_i - w_t), FedOD's fine-tuned w_i, uploaded as teachers every
+    round (Su et al. 2022), FedBN/FedRep's personal parts in evaluation-only exchanges. The privacy contract test
+    leaves them out; checkpoints keep them."""
     centralized: ClassVar[bool] = False
-    #: False when the server half (``run_round``, ``aggregate``, evaluation summaries) is numpy only, as FedAvg's
-    #: weighted mean: on Ray the server actor then never imports torch (its ``init_server`` state, the seeded
-    #: initial model, is computed in a client actor and handed over, as Flower asks one client for the initial
-    #: parameters). Declared by each class itself, never inherited:
-    #: a subclass that does not declare it gets True, so new server-side torch work cannot run unprepared.
+    """True for references that move client data to the server on purpose (pooled training): their replies carry
+    inputs, which the privacy contract test otherwise forbids."""
     server_needs_torch: ClassVar[bool] = True
-    #: config values this method changes from the library's defaults, per section (e.g. FedOD's 3 rounds);
-    #: a user's file or override still wins
+    """False when the server half (``run_round``, ``aggregate``, evaluation summaries) is numpy only, as FedAvg's
+    weighted mean (McMahan et al., AISTATS 2017, Alg. 1): on Ray the server actor then never imports torch (its
+    ``init_server`` state, the seeded initial model, is computed in a client actor and handed over, as Flower asks
+    one client for the initial parameters). Declared by each class itself, never inherited: a subclass that does not
+    declare it gets True, so new server-side torch work cannot run unprepared."""
     config_defaults: ClassVar[Mapping[str, Mapping[str, Any]]] = {}
-    #: the name it is registered under (set by the registry)
+    """Config values this method changes from the library's defaults, per section (e.g. FedOD's 3 rounds, as in
+    Su et al. 2022); a user's file or override still wins."""
     registry_name: ClassVar[str] = ""
-    #: names of the ``@client_operation`` functions (collected when the class is defined)
+    """The name it is registered under (set by the registry)."""
     operations: ClassVar[frozenset[str]] = frozenset()
+    """The names of its ``@client_operation`` functions, inherited ones included (collected when the class is
+    defined)."""
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -88,8 +92,11 @@ class Method:
 
     def __init__(self, config: ExperimentConfig, federation: Federation, device: str = "cpu"):
         self.config = config
+        """The experiment's config."""
         self.federation = federation
+        """The run's clients: their domains, roles and sizes."""
         self.params = config.method.params
+        """The method's own parameters: ``config.method.params``, an instance of :attr:`Params`."""
         self.device = device
 
     @property
@@ -136,6 +143,8 @@ class Method:
         return sorted(int(c) for c in rng.choice(np.asarray(candidates), count, replace=False))
 
     def operation(self, name: str) -> Callable[[Instruction, Any, ClientData], tuple[Reply, Any]]:
+        """The bound client operation ``name`` (a ``@client_operation``), as a client host runs an
+        :class:`fedsim.messages.Instruction`; another name raises ValueError."""
         if name not in self.operations:
             raise ValueError(
                 f"method {type(self).__name__} has no client operation {name!r} (has {sorted(self.operations)})"
@@ -144,9 +153,13 @@ class Method:
 
     # ---- server half ------------------------------------------------------
     def init_server(self) -> ServerState:
+        """The server's state before round 1, a dict (e.g. ``{"weights": ...}``, the seeded initial model); each
+        round returns the next one, and checkpoints save it."""
         raise NotImplementedError
 
     def run_round(self, ctx, state: ServerState) -> tuple[ServerState, dict]:
+        """One round, stage by stage, each stage one ``ctx.call`` (:class:`fedsim.runtime.context.RoundContext`)
+        in the order of the paper's algorithm box: the new state and the round's metrics."""
         raise NotImplementedError
 
     def evaluation_tensors(self, state: ServerState) -> Tensors:
@@ -168,6 +181,8 @@ class Method:
 
     # ---- client half ------------------------------------------------------
     def init_client(self, data: ClientData) -> Any:
+        """A client's private state, built from its own data in the process that hosts it (default: None). Each of
+        the client's operations gets it and returns the next one; it stays in that process (checkpoints save it)."""
         return None
 
 
@@ -176,21 +191,30 @@ class Exchange:
     """One round's single exchange: ``operation`` with ``tensors`` on ``clients`` (``values`` as in ctx.call)."""
 
     operation: str
+    """The client operation to call (a ``@client_operation`` of the method)."""
     tensors: Any
+    """The tensors sent: one mapping for every client, or a function of the client id."""
     clients: Iterable[int]
+    """The ids of the clients called."""
     values: Any = field(default=None)
+    """The operation's own values (as ``tensors``, shared or per client); None: none."""
 
 
 class SingleExchange(Method):
     """Methods that are one exchange per round: ``configure`` what to send, ``aggregate`` the replies."""
 
     def configure(self, ctx, state: ServerState) -> Exchange:
+        """What round ``ctx.round`` sends: the operation, its tensors and values, and the clients (e.g. FedAvg's
+        global weights to the sampled sources, McMahan et al., AISTATS 2017, Alg. 1)."""
         raise NotImplementedError
 
     def aggregate(self, ctx, state: ServerState, replies: Replies) -> tuple[ServerState, dict]:
+        """The new state and the round's metrics from the replies (e.g. FedAvg's mean of the clients' weights,
+        weighted by their ``num_examples``)."""
         raise NotImplementedError
 
     def run_round(self, ctx, state: ServerState) -> tuple[ServerState, dict]:
+        """:meth:`configure`, the exchange, then :meth:`aggregate`."""
         exchange = self.configure(ctx, state)
         replies = ctx.call(exchange.operation, exchange.tensors, exchange.clients, exchange.values)
         return self.aggregate(ctx, state, replies)
