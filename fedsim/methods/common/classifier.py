@@ -41,6 +41,8 @@ class GlobalClassifier:
         return build_model(self.config.model, self.federation.input_shape, self.federation.num_classes)
 
     def initial_weights(self) -> dict:
+        """The run's initial weights as numpy arrays (:meth:`build`'s model): the same for every backend and method
+        of a seed, e.g. FedAvg's w_0 (McMahan et al., AISTATS 2017, Alg. 1)."""
         return model_to_numpy(self.build())
 
     def shared(self) -> nn.Module:
@@ -68,5 +70,7 @@ class GlobalClassifier:
         )
 
     def evaluate(self, model: nn.Module, weights: Tensors, split: ArraySplit) -> dict[str, float]:
+        """Load ``weights`` into ``model`` and score it on a labeled ``split``: ``correct`` and ``total`` counts and
+        the summed cross-entropy ``loss_sum`` (:func:`fedsim.methods.common.training.evaluate_model`)."""
         load_numpy(model, weights)
         return evaluate_model(model, split, self.device)

@@ -12,8 +12,8 @@ from fedsim.data.base import ArraySplit
 from fedsim.messages import LocalSettings
 from fedsim.optim import SGD, Optimizer
 
-#: rows per forward pass when a whole split is encoded or evaluated without gradients (bounds memory)
 CHUNK = 512
+"""Rows per forward pass when a whole split is encoded or evaluated without gradients (bounds memory)."""
 
 
 def model_to_numpy(model: nn.Module) -> dict[str, np.ndarray]:
@@ -22,6 +22,9 @@ def model_to_numpy(model: nn.Module) -> dict[str, np.ndarray]:
 
 
 def load_numpy(model: nn.Module, tensors: Mapping[str, np.ndarray], strict: bool = True) -> None:
+    """Load named numpy arrays (:func:`model_to_numpy`'s form) into ``model``'s parameters and buffers, as copies;
+    ``strict=False`` loads a part of the state dict and leaves the rest as it is (e.g. FedRep's representation
+    without its head)."""
     state = {
         name: torch.tensor(np.asarray(value)) for name, value in tensors.items()
     }  # copy: object-store arrays are read-only
