@@ -21,14 +21,22 @@ class Domain:
     """One domain's data. ``x`` arrays are float32, ``y`` arrays int64 in [0, num_classes)."""
 
     name: str
+    """The domain's name, as ``data.target`` and ``data.sources`` name it."""
     train_x: np.ndarray
+    """Training inputs, one row per sample (N x D features or N x C x H x W images)."""
     train_y: np.ndarray
+    """Training labels, one per row of ``train_x`` (a detection domain: each image's index into its box table,
+    :mod:`fedsim.data.detection`)."""
     test_x: np.ndarray
+    """Test inputs, for evaluation only."""
     test_y: np.ndarray
+    """Test labels, one per row of ``test_x``."""
     num_classes: int
+    """The benchmark's number of classes (every domain of a benchmark has the same)."""
 
     @property
     def input_shape(self) -> tuple[int, ...]:
+        """The shape of one input (``train_x``'s without the sample axis)."""
         return tuple(self.train_x.shape[1:])
 
 
@@ -46,25 +54,27 @@ class Benchmark(ABC):
     in every process, because Ray client actors rebuild their own data.
     """
 
-    #: the benchmark's own frozen options dataclass (``data.<field>`` keys)
     Options: ClassVar[type] = NoOptions
+    """The benchmark's own frozen options dataclass, set by ``data.<field>`` keys (default: no options)."""
 
-    #: normalization used when ``data.normalization`` is "auto" (see fedsim.data.normalization)
     default_normalization: ClassVar[str] = "none"
-    #: target domain when ``data.target`` is "auto" (None: the user must name one)
+    """The normalization used when ``data.normalization`` is "auto": "none", "federated" or "per-domain"
+    (:mod:`fedsim.data.normalization`)."""
     default_target: ClassVar[Optional[str]] = None
-    #: "classification" or "detection": a method runs only on benchmarks of its own task
+    """The target domain when ``data.target`` is "auto" (None: the user must name one)."""
     task: ClassVar[str] = "classification"
-    #: detection benchmarks: the domain whose labeled data the FedOD server holds (None: no server domain)
+    """The benchmark's task, "classification" or "detection": a method runs only on benchmarks of its own task."""
     server_domain: ClassVar[Optional[str]] = None
-    #: the name it is registered under (set by the registry)
+    """Detection benchmarks: the domain of the FedOD server's own large labeled set (Su et al. 2022), hosted like
+    a client's data (:mod:`fedsim.methods.families.detection`); None: no server domain."""
     registry_name: ClassVar[str] = ""
+    """The name it is registered under (set by the registry)."""
 
     def __init__(self, data_config):
         self.config = data_config
         options = getattr(data_config, "options", None)
-        #: this benchmark's options: the config's, or the defaults when it holds none (``NoOptions``)
         self.options = options if isinstance(options, type(self).Options) else type(self).Options()
+        """This benchmark's options: the config's, or the defaults when it holds none (``NoOptions``)."""
         if not isinstance(options, (type(self).Options, NoOptions, type(None))):
             raise TypeError(f"{type(self).__name__} takes {type(self).Options.__qualname__}, got {options!r}")
         #: domains built in this process, by name: ``load`` fills it, :meth:`forget` empties it
@@ -101,16 +111,23 @@ class Benchmark(ABC):
         return (cls.__doc__ or "").strip().splitlines()[0] if (cls.__doc__ or "").strip() else ""
 
     def describe(self) -> str:
+        """One line about this benchmark as configured (default: :meth:`description`); a subclass may say more,
+        such as what its options choose."""
         return self.description()
 
 
 @dataclass(frozen=True)
 class ArraySplit:
+    """One client's train or test part: inputs, labels (when the client may see them) and detection boxes."""
+
     x: np.ndarray
-    y: Optional[np.ndarray]  # None for the unlabeled target's training inputs
-    #: detection only: the (boxes x1 y1 x2 y2 in pixels, labels) of each image, in order; None for
-    #: classification and for the unlabeled target's training images
+    """The inputs, one row per sample (float32)."""
+    y: Optional[np.ndarray]
+    """The labels (int64), one per row (detection: each image's index into its domain's box table); None for the
+    unlabeled target's training inputs."""
     targets: Optional[tuple[tuple[np.ndarray, np.ndarray], ...]] = None
+    """Detection only: the (boxes x1 y1 x2 y2 in pixels, labels) of each image, in order; None for classification
+    and for the unlabeled target's training images."""
 
     def __len__(self) -> int:
         return len(self.x)
@@ -125,12 +142,19 @@ class ClientData:
     """
 
     client_id: int
+    """The client's id: its index in :attr:`fedsim.data.scenario.Federation.clients`."""
     domain: str
-    role: str  # "source" or "target"
+    """The domain whose data the client holds."""
+    role: str
+    """The client's role: "source" (labeled) or "target" (unlabeled for training)."""
     train: ArraySplit
+    """The client's share of its domain's training split (``train.y`` None for a target)."""
     test: ArraySplit
+    """The client's share of its domain's test split, labeled, for evaluation only."""
     num_classes: int
+    """The federation's number of classes."""
 
     @property
     def is_target(self) -> bool:
+        """Whether the client holds the target domain (no training labels)."""
         return self.role == "target"
