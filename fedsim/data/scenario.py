@@ -25,44 +25,68 @@ from fedsim.seeding import numpy_rng
 
 @dataclass(frozen=True)
 class ClientInfo:
+    """One client, described without its data: which domain it holds, its role and its split sizes."""
+
     client_id: int
+    """The client's id: its index in :attr:`Federation.clients`."""
     domain: str
-    role: str  # "source" or "target"
+    """The domain whose data the client holds."""
+    role: str
+    """The client's role: "source" (labeled) or "target" (unlabeled for training)."""
     num_train: int
+    """The client's training samples."""
     num_test: int
+    """The client's test samples."""
 
 
 @dataclass(frozen=True)
 class Federation:
+    """The clients of a run, described without their data (:func:`build_federation`): what the server and every
+    process know of the scenario."""
+
     benchmark: str
+    """The benchmark's name (``data.benchmark``)."""
     target: str
+    """The target domain (``data.target``)."""
     domains: tuple[str, ...]
+    """The run's domains, the target's included, in the benchmark's order (limited to ``data.sources`` and the
+    target when sources are named)."""
     clients: tuple[ClientInfo, ...]
+    """Every client, by id: ``data.clients_per_domain`` per domain, domain after domain."""
     input_shape: tuple[int, ...]
+    """The shape of one input (features or C x H x W)."""
     num_classes: int
+    """The number of classes (the largest of the domains')."""
 
     @property
     def client_ids(self) -> list[int]:
+        """Every client's id, in order."""
         return [c.client_id for c in self.clients]
 
     @property
     def source_ids(self) -> list[int]:
+        """The ids of the source clients (labeled)."""
         return [c.client_id for c in self.clients if c.role == "source"]
 
     @property
     def target_ids(self) -> list[int]:
+        """The ids of the target's clients (unlabeled for training)."""
         return [c.client_id for c in self.clients if c.role == "target"]
 
     @property
     def source_domains(self) -> list[str]:
+        """Every domain but the target, in order."""
         return [d for d in self.domains if d != self.target]
 
     def info(self, client_id: int) -> ClientInfo:
+        """The description of client ``client_id``."""
         return self.clients[client_id]
 
 
 @functools.lru_cache(maxsize=4)
 def get_benchmark(data_config) -> Benchmark:
+    """The configured benchmark object, built once per process for a given ``data`` section (the last four are
+    kept), so that the clients a process hosts share its built domains."""
     return BENCHMARKS.get(data_config.benchmark)(data_config)
 
 

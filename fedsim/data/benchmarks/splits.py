@@ -14,9 +14,12 @@ import numpy as np
 from fedsim.data.base import Domain
 
 TEST_FRACTION = 0.2
+"""The share of a domain's samples held out for testing (the 80/20 split of :func:`split_domain`)."""
 
 
 def rng_for(seed: int, key: int) -> np.random.Generator:
+    """The random stream of one purpose: a generator seeded by ``SeedSequence([seed, key])`` (``seed`` is
+    ``data.seed``, ``key`` fixed per benchmark, domain and purpose), the same in every process."""
     return np.random.default_rng(np.random.SeedSequence([int(seed), int(key)]))
 
 
