@@ -1,4 +1,5 @@
-"""FADA's consensus guard on the target update, and FADA's loss-weight defaults (DAL's, Peng et al. ICML 2019)."""
+"""FADA's consensus guard on the target update (fedsim's addition, off by default), and FADA's loss-weight defaults
+(DAL's, Peng et al. ICML 2019)."""
 
 import dataclasses
 
@@ -127,7 +128,8 @@ UNLABELED = {
 
 
 def test_the_guard_never_reads_target_labels(toy_overrides):
-    replies = {name: target_update(toy_overrides, train, False)[0] for name, train in UNLABELED.items()}
+    guard = "method.guard=consensus"
+    replies = {name: target_update(toy_overrides, train, False, guard)[0] for name, train in UNLABELED.items()}
     first = replies["raising"]
     assert set(first.metrics) >= {"consensus_agreement", "guard_kept_alignment"}
     for reply in replies.values():  # whatever the labels hold, or if reading them raises: the same update
@@ -136,12 +138,17 @@ def test_the_guard_never_reads_target_labels(toy_overrides):
             np.testing.assert_array_equal(reply.tensors[name], value)
 
 
-@pytest.mark.parametrize("identifiers_won, guard", [(True, "consensus"), (False, "off")])
+@pytest.mark.parametrize(
+    "identifiers_won, guard, setting",
+    [(True, "consensus", ["method.guard=consensus"]), (False, "off", ["method.guard=off"]), (True, "off", [])],
+)
 def test_the_kept_update_is_the_unaligned_one_when_dropped_and_the_aligned_one_when_off(
-    toy_overrides, identifiers_won, guard
+    toy_overrides, identifiers_won, guard, setting
 ):
+    """With the guard asked for and the identifiers winning, the round's alignment is dropped; off (the default,
+    the paper's FADA) the aligned update is kept even when the identifiers won."""
     reply, start, aligned, deltas, sources = target_update(
-        toy_overrides, UNLABELED["absent"], identifiers_won, f"method.guard={guard}"
+        toy_overrides, UNLABELED["absent"], identifiers_won, *setting
     )
     attention = [reply.metrics[f"attention:{cid}"] for cid in sources]
     expected = apply_deltas(start if guard == "consensus" else aligned, deltas, attention)
@@ -156,7 +163,8 @@ def test_a_dropped_alignment_leaves_the_attention_update_of_the_round_start_weig
     """A round of model II whose identifiers always win: the target model is w_start + sum_i a_i Delta_i, w_start
     the weights the sources started from."""
     fast = ["method.target_batch=16", "method.gap_samples=32", "method.adversarial_steps=2", "method.disentangle=false"]
-    config = load_config(None, toy_overrides + ["method.name=fada", *fast, "method.guard_identifier_accuracy=1e-9"])
+    guard = ["method.guard=consensus", "method.guard_identifier_accuracy=1e-9"]
+    config = load_config(None, toy_overrides + ["method.name=fada", *fast, *guard])
     federation = build_federation(config.data)
     executor = RecordingExecutor(config, federation)
     server = Server(config, federation, executor)
@@ -176,13 +184,16 @@ def test_a_dropped_alignment_leaves_the_attention_update_of_the_round_start_weig
 # ----------------------------------------------------------------------------- defaults
 
 
-def test_the_loss_weights_default_to_dals_and_the_guard_is_on(toy_overrides):
+def test_the_loss_weights_default_to_dals_and_the_guard_is_off(toy_overrides):
     params = load_config(None, toy_overrides + ["method.name=fada"]).method.params
     assert params == FADAParams()
     assert (params.lambda_recon, params.lambda_mi, params.lambda_adv, params.schedule) == (0.01, 1e-4, 0.01, "constant")
-    assert (params.lambda_entropy, params.guard, params.guard_identifier_accuracy) == (1.0, "consensus", 0.99)
+    # the guard is fedsim's addition: off by default, the paper's FADA
+    assert (params.lambda_entropy, params.guard, params.guard_identifier_accuracy) == (1.0, "off", 0.99)
     config = load_config(None, toy_overrides + ["method.name=fada"])
     method = FADA(config, build_federation(config.data))
     assert [method.adversarial_weight(p) for p in (0.0, 0.5, 1.0)] == [0.01] * 3  # DAL's weight throughout
     off = load_config(None, toy_overrides + ["method.name=fada", "method.guard=off"]).method.params
     assert off.guard == "off"  # a bare YAML `off` reads as false: it still switches the guard off
+    asked = load_config(None, toy_overrides + ["method.name=fada", "method.guard=consensus"]).method.params
+    assert asked.guard == "consensus"

@@ -16,8 +16,9 @@ stages of Alg. 1 in its order, each one ``ctx.call``; the switches ``attention``
    and f_di and f_ds rebuild G_i(x)); back-propagated into G_i (``disentangle_generator``; off: G_i fixed).
 4. ``update`` (target, Sec. 3.1, Eq. 1-2): attention a_i = softmax(gain of the sources' deltas Delta_i = w_i - w_t
    on the target's invariant features / temperature), by ``gap_form`` (uniform with ``attention`` off:
-   :mod:`fedsim.methods.fada.attention`); w_t <- w_t + sum_i a_i Delta_i goes to the server, unless the
-   consensus guard (``guard``, fedsim's: :mod:`fedsim.methods.fada.guard`) drops the round's alignment.
+   :mod:`fedsim.methods.fada.attention`); w_t <- w_t + sum_i a_i Delta_i goes to the server. With ``guard:
+   consensus`` (fedsim's addition, off by default: :mod:`fedsim.methods.fada.guard`) the round's alignment is
+   dropped when it lowers the target's agreement with the sources.
 
 Each client evaluates its own model; ``target_accuracy`` is G_t/C_t's. The target never reads
 ``train.y``; its batch-norm statistics change only through the sources' deltas. Parameters and their defaults'
