@@ -10,6 +10,7 @@ import re
 import shlex
 import subprocess
 import sys
+from html import unescape
 from pathlib import Path
 
 import pytest
@@ -78,6 +79,44 @@ def test_a_page_documents_its_module(reference, page, names):
     html = (reference / page).read_text()
     for name in names:
         assert f'id="{name}"' in html or f">{name}<" in html, f"{page} does not document {name}"
+
+
+def docstring(page: str, name: str) -> str:
+    """The text of the docstring pdoc shows for ``name`` (``Class.attribute`` or a module member) on a page: what
+    lies between its anchor and the next member's, tags dropped; "" when it has none."""
+    start = page.index(f'id="{name}"')
+    following = [i for i in (page.find('<div id="', start + 1), page.find('<section id="', start + 1)) if i >= 0]
+    member = page[start : min(following, default=len(page))]
+    found = re.search(r'<div class="docstring">(.*?)</div>', member, re.S)
+    return " ".join(unescape(re.sub(r"<[^>]+>", "", found.group(1))).split()) if found else ""
+
+
+@pytest.mark.parametrize(
+    "page, name, text",
+    [
+        ("fedsim/config.html", "DataConfig.seed", "independent of run.seed"),
+        ("fedsim/config.html", "RunConfig.clients_per_round", "a fraction in (0, 1), that share"),
+        ("fedsim/methods/base.html", "Method.Params", "frozen parameter dataclass"),
+        ("fedsim/methods/base.html", "Method.disclosed_state_keys", "Peng et al., ICLR 2020"),
+        ("fedsim/messages.html", "Instruction.seed", "draws all its random numbers"),
+        ("fedsim/api.html", "RunResult.summary", "What summary.json holds"),
+        ("fedsim/api.html", "BACKENDS", "module:function"),
+        ("fedsim/registry.html", "Registry.targets", 'the "module:attribute" it loads'),
+        ("fedsim/data/base.html", "Benchmark.default_target", 'data.target is "auto"'),
+        ("fedsim/data/scenario.html", "Federation.source_ids", "source clients"),
+    ],
+)
+def test_a_member_shows_its_docstring(reference, page, name, text):
+    """pdoc shows a variable's or a field's docstring, the string right after it (a ``#:`` comment stays unseen)."""
+    shown = docstring((reference / page).read_text(), name)
+    assert text in shown, f"{page}: {name} shows {shown!r}, without {text!r}"
+
+
+def test_the_package_page_links_to_the_api_it_lends(reference):
+    """``fedsim.run`` is loaded on first use, so pdoc cannot list it: the package's docstring links to it."""
+    page = (reference / "fedsim.html").read_text()
+    for name in ("run", "make_config", "run_experiment", "RunResult"):
+        assert f'href="fedsim/api.html#{name}"' in page, f"fedsim.html does not link to fedsim.api.{name}"
 
 
 def test_a_reference_between_modules_is_a_link(reference):
