@@ -4,13 +4,15 @@
     fedsim reproduce fada --quick            # the spec's smoke-test grid (few rounds, tiny data)
     fedsim reproduce --spec my-protocol.yaml --address auto --seeds 0,1,2
     fedsim reproduce --resume --out runs/reproduce-fada-...
+    fedsim reproduce --spec experiments/specs/results/fada.yaml --out results/fada --tables-only
 
 Each trial is one run x benchmark x target x seed of the spec (:mod:`fedsim.experiments.reproduce_spec`),
 placed and run by `fedsim sweep`'s machinery (:func:`fedsim.experiments.sweep.run_grid`), so ``--address auto``
 spreads the grid over a cluster and ``--resume`` finishes an interrupted one. The output directory holds
 ``results.csv`` (one line per table row x target x seed), ``table.md``, ``claims.md``, the plots
 (:mod:`fedsim.experiments.reproduce_plots`), Tune's experiment (``tune/``), the trials' run directories
-(``runs/``), ``reproduce.json`` and ``sweep.json`` (the grid, for ``--resume``).
+(``runs/``), ``reproduce.json`` and ``sweep.json`` (the grid, for ``--resume``). ``--tables-only`` runs nothing:
+it rewrites ``table.md`` and ``claims.md`` of a finished directory from its ``results.csv`` and the spec that made it.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from typing import Optional
 
 from fedsim.errors import UserError
 from fedsim.experiments.reproduce_data import parse_data_roots, resolve_data_roots
-from fedsim.experiments.reproduce_results import claims_text, results_rows, table, write_results_csv
+from fedsim.experiments.reproduce_results import claims_text, read_results_csv, results_rows, table, write_results_csv
 from fedsim.experiments.reproduce_spec import PaperSpec, available, from_json, load_spec, shrink, to_json, to_sweep
 from fedsim.experiments.sweep import SPEC_FILE, TUNE_NAME, report_failures, run_grid
 from fedsim.experiments.sweep_grid import SweepSpec, parse_list, prepare
@@ -53,6 +55,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--resume",
         action="store_true",
         help="finish the interrupted grid in --out (its grid comes from reproduce.json)",
+    )
+    parser.add_argument(
+        "--tables-only",
+        action="store_true",
+        help="run nothing: rewrite table.md and claims.md in --out from its results.csv, with the spec that made it "
+        "(PAPER or --spec, with its --quick / --seeds; without them the directory's reproduce.json)",
     )
     parser.add_argument(
         "--data-dir",
@@ -106,6 +114,50 @@ def _resumed(args: argparse.Namespace) -> tuple[PaperSpec, SweepSpec, Path]:
     return from_json((out / STATE_FILE).read_text()), SweepSpec.from_json((out / SPEC_FILE).read_text()), out
 
 
+def write_tables(spec: PaperSpec, lines: list[dict], out: Path) -> list[Path]:
+    """table.md and claims.md of the results table's ``lines``; returns the paths written."""
+    written = []
+    for name, text in (("table.md", table(spec, lines)), ("claims.md", claims_text(spec, lines))):
+        (out / name).write_text(text)
+        written.append(out / name)
+    return written
+
+
+def tables_only(args: argparse.Namespace) -> int:
+    """``--tables-only``: table.md and claims.md of the finished reproduction in ``--out``, from its results.csv."""
+    given = [
+        flag
+        for flag, value in (
+            ("--resume", args.resume),
+            ("--backend", args.backend),
+            ("--address", args.address),
+            ("--data-dir", args.data_dir),
+            ("--data-root", args.data_root),
+        )
+        if value
+    ]
+    if given:
+        raise UserError(f"--tables-only runs nothing: drop {', '.join(given)}")
+    if not args.out:
+        raise UserError("--tables-only needs --out DIR: the directory whose results.csv to read")
+    out = Path(args.out)
+    if args.paper or args.spec:
+        seeds = parse_list("seeds", args.seeds, int, "0,1,2") if args.seeds else None
+        spec = shrink(load_spec(args.paper, args.spec), args.quick, seeds)
+    elif args.quick or args.seeds:
+        raise UserError("--quick and --seeds go with PAPER or --spec: give the spec that made --out")
+    elif (out / STATE_FILE).is_file():
+        spec = from_json((out / STATE_FILE).read_text())
+    else:
+        raise UserError(f"--out {args.out} holds no {STATE_FILE}: give the spec that made it (PAPER or --spec FILE)")
+    written = write_tables(spec, read_results_csv(out / "results.csv", spec), out)
+    if not args.quiet:
+        print((out / "table.md").read_text())
+        print((out / "claims.md").read_text())
+        print(f"tables of {spec.name} rewritten from {out / 'results.csv'}: {', '.join(p.name for p in written)}")
+    return 0
+
+
 def output_names(spec: PaperSpec) -> list[str]:
     """What :func:`write_outputs` writes for ``spec``: what a ``results/`` directory holds beside its spec.yaml."""
     from fedsim.experiments.reproduce_plots import plot_names
@@ -118,15 +170,14 @@ def write_outputs(spec: PaperSpec, records: list[dict], out: Path) -> list[Path]
     from fedsim.experiments.reproduce_plots import write_plots
 
     lines = results_rows(spec, records)
-    written = [write_results_csv(out / "results.csv", lines)]
-    for name, text in (("table.md", table(spec, lines)), ("claims.md", claims_text(spec, lines))):
-        (out / name).write_text(text)
-        written.append(out / name)
+    written = [write_results_csv(out / "results.csv", lines), *write_tables(spec, lines, out)]
     return written + write_plots(spec, records, lines, out)
 
 
 def run(args: argparse.Namespace) -> int:
     """Check the spec and every trial's config, run (or resume) the grid, write the outputs."""
+    if args.tables_only:
+        return tables_only(args)
     if args.resume:
         spec, sweep_spec, out = _resumed(args)
     else:

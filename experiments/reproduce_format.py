@@ -26,8 +26,8 @@ KEYS = {
         "series",
         "quick",
     },
-    "benchmark": {"targets", "set", "run_set", "benchmark", "data_root"},
-    "run": {"config", "set", "only"},
+    "benchmark": {"targets", "seeds", "set", "run_set", "benchmark", "data_root"},
+    "run": {"config", "seeds", "set", "only"},
     "row": {"name", "label", "run", "metrics", "vars"},
     "claim": {"claim", "order", "metric", "strict", "benchmark", "target", "per_target"},
     "series": {"metric", "title", "runs", "benchmark", "target", "split"},
@@ -58,6 +58,19 @@ def check_keys(kind: str, raw: Any, where: str) -> dict:
 def strings(value: Any, where: str) -> list[str]:
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
         raise UserError(f"{where} must be a list of strings, got {value!r}")
+    return list(value)
+
+
+def seed_list(value: Any, where: str) -> list[int]:
+    """A list of seeds: integers of 0 or more, each once, at least one."""
+    if (
+        not isinstance(value, list)
+        or not value
+        or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in value)
+    ):
+        raise UserError(f"{where} must be a list of integers of 0 or more, e.g. [0, 1, 2], got {value!r}")
+    if len(set(value)) != len(value):
+        raise UserError(f"{where} lists a seed twice: {value!r}")
     return list(value)
 
 

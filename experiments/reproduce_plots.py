@@ -70,8 +70,8 @@ def _by_round(records: list[dict], key: str) -> tuple[list[int], list[float], li
 
 
 def _records_of(spec: PaperSpec, records: list[dict], run: str, bench: str, target: str) -> list[dict]:
-    name = next((n for n, r, b, t in spec.variants() if (r, b, t) == (run, bench, target)), None)
-    return [r for r in records if r["params"].get("variant") == name and r["status"] == "finished"]
+    names = {n for n, (r, b, t, _) in spec.trials().items() if (r, b, t) == (run, bench, target)}
+    return [r for r in records if r["params"].get("variant") in names and r["status"] == "finished"]
 
 
 def plot_rounds(

@@ -1,5 +1,6 @@
 """The results of `fedsim reproduce`: trial records -> the results table (one line per row x target x seed,
-``results.csv``), ``table.md`` (mean ± sample std over seeds) and ``claims.md`` (each claim checked).
+``results.csv``, read back by :func:`read_results_csv`), ``table.md`` (mean ± sample std over seeds) and
+``claims.md`` (each claim checked on the seeds' paired differences, see :func:`check_claim`).
 
 A row's metric is a reference into its run's results:
 
@@ -17,6 +18,7 @@ from typing import Optional
 
 import numpy as np
 
+from fedsim.errors import UserError
 from fedsim.experiments.grouping import format_mean_std, mean_std
 from fedsim.experiments.reproduce_spec import Claim, PaperSpec
 
@@ -50,12 +52,13 @@ def metric_value(record: dict, ref: str) -> Optional[float]:
 
 def results_rows(spec: PaperSpec, records: list[dict]) -> list[dict]:
     """One line per table row x variant x seed, with every metric of the row (``target``, ``source``, ...)."""
-    where = {name: (run, bench, target) for name, run, bench, target in spec.variants()}
+    where = spec.trials()
     lines = []
     for row in spec.rows:
         for record in records:
             variant, seed = record["params"].get("variant"), record["params"].get("seed")
-            run, bench, target = where.get(variant, (None, None, None))
+            run, bench, target, own_seed = where.get(variant, (None, None, None, None))
+            seed = own_seed if seed is None else seed
             if run != row.run:
                 continue
             line = {
@@ -87,6 +90,64 @@ def write_results_csv(path: Path, lines: list[dict]) -> Path:
     return path
 
 
+FIXED_COLUMNS = ("row", "label", "run", "benchmark", "target_domain", "seed", "status", "trial_id", "wall_seconds")
+
+
+def _number(text: str, where: str, kind: type = float) -> Optional[float]:
+    if text == "":
+        return None
+    try:
+        return kind(text)
+    except ValueError:
+        raise UserError(f"{where}: {text!r} is not a number") from None
+
+
+def read_results_csv(path: Path, spec: PaperSpec) -> list[dict]:
+    """The lines :func:`results_rows` made for ``spec`` (as :func:`write_results_csv` wrote them), read back: the
+    same keys and values (an empty cell: None; ``error`` only where there is one). A file that does not fit the
+    spec (another row, run or benchmark, a metric no row has) is one line naming it."""
+    if not path.is_file():
+        raise UserError(f"{path} does not exist: give the --out directory of a finished 'fedsim reproduce'")
+    rows = {row.name: row for row in spec.rows}
+    with path.open(newline="") as fh:
+        reader = csv.DictReader(fh)
+        header = list(reader.fieldnames or [])
+        absent = [c for c in FIXED_COLUMNS if c not in header]
+        if absent:
+            raise UserError(f"{path} has no column {', '.join(absent)}: it is not a 'fedsim reproduce' results.csv")
+        known = {*FIXED_COLUMNS, "error", *(m for row in spec.rows for m in row.metrics)}
+        stray = [c for c in header if c not in known]
+        if stray:
+            raise UserError(
+                f"{path} has the column {', '.join(stray)}, a metric no row of spec {spec.name} has: "
+                "give the spec that made it"
+            )
+        lines = []
+        for number, text in enumerate(reader, 2):
+            where = f"{path}, line {number}"
+            row = rows.get(text["row"])
+            if row is None or text["run"] != row.run or text["benchmark"] not in spec.benchmarks:
+                what = (
+                    f"row {text['row']!r}"
+                    if row is None
+                    else f"run {text['run']!r} for row {row.name}"
+                    if text["run"] != row.run
+                    else f"benchmark {text['benchmark']!r}"
+                )
+                raise UserError(
+                    f"{where} names {what}, which spec {spec.name} does not have: give the spec that made it"
+                )
+            line: dict = {k: text[k] for k in ("row", "label", "run", "benchmark", "target_domain")}
+            line["seed"] = _number(text["seed"], where, int)
+            line.update(status=text["status"], trial_id=text["trial_id"])
+            line["wall_seconds"] = _number(text["wall_seconds"], where)
+            line.update({name: _number(text.get(name) or "", where) for name in row.metrics})
+            if text.get("error"):
+                line["error"] = text["error"]
+            lines.append(line)
+    return lines
+
+
 def cell(
     lines: list[dict], row: str, bench: str, target: str, metric: str
 ) -> tuple[Optional[float], Optional[float], int]:
@@ -102,7 +163,7 @@ def _header(column: str, target: str) -> str:
 
 def table(spec: PaperSpec, lines: list[dict]) -> str:
     """Per benchmark: one line per row; per target its columns (target, then the sources' mean, ...), then the means."""
-    seeds = ", ".join(str(s) for s in spec.seeds)
+    seeds = spec.seeds_text()
     out = [
         f"# {spec.paper}",
         "",
@@ -137,12 +198,92 @@ def claim_value(lines: list[dict], bench: str, targets: list[str], row: str, met
     return None if not means or None in means else float(np.mean(means))
 
 
+HOLDS, REVERSED, SPREAD, UNMEASURABLE = "holds", "does not hold", "within the spread", "not measurable"
+
+
+def _name(row: str, metric: str) -> str:
+    return row + ("" if metric == "target" else f" {metric}")
+
+
+def _values(lines: list[dict], row: str, metric: str, bench: str, target: str) -> dict:
+    """seed -> the row's metric on ``bench`` / ``target`` at that seed (seeds without a value left out)."""
+    return {
+        ln["seed"]: float(ln[metric])
+        for ln in lines
+        if (ln["row"], ln["benchmark"], ln["target_domain"]) == (row, bench, target) and ln.get(metric) is not None
+    }
+
+
+def paired_differences(
+    lines: list[dict], bench: str, targets: list[str], upper: tuple[str, str], lower: tuple[str, str]
+) -> tuple[dict, dict]:
+    """The paired differences of a claim that ``upper`` (row, metric) is above ``lower``: at each seed at which both
+    rows have a value on every target of ``targets``, the mean over those targets of upper - lower on the same target
+    and seed ({seed: difference}); and the seeds left out, each with what it lacks ({seed: ["row on target", ...]})."""
+    values = {side: {t: _values(lines, *side, bench, t) for t in targets} for side in (upper, lower)}
+    seeds = sorted(  # the seeds of the two rows' lines, a line without the metric's value included
+        {
+            ln["seed"]
+            for ln in lines
+            if ln["row"] in (upper[0], lower[0]) and ln["benchmark"] == bench and ln["target_domain"] in targets
+        },
+        key=lambda s: (s is None, s or 0),
+    )
+    differences, unpaired = {}, {}
+    for seed in seeds:
+        lacking = [f"{_name(*side)} on {t}" for side in (upper, lower) for t in targets if seed not in values[side][t]]
+        if lacking:
+            unpaired[seed] = lacking
+        else:
+            differences[seed] = float(np.mean([values[upper][t][seed] - values[lower][t][seed] for t in targets]))
+    return differences, unpaired
+
+
+def judge(differences: list[float], strict: bool = True) -> str:
+    """The verdict on one pair's paired differences (in the claim's favour when positive): **holds** when every
+    difference is in its favour (above 0; at or above 0 for a ``strict: false`` claim) or their mean exceeds their
+    sample standard deviation; **does not hold** when every difference is below 0 or minus their mean exceeds their
+    std (the seeds separate the reverse order); otherwise **within the spread**. One difference has no std: only its
+    sign counts (a tie under a strict claim is within the spread). No difference: not measurable."""
+    n = len(differences)
+    if n == 0:
+        return UNMEASURABLE
+    mean = float(np.mean(differences))
+    std = float(np.std(differences, ddof=1)) if n > 1 else None
+    favours = all(d >= 0 if not strict else d > 0 for d in differences) or (std is not None and mean > std)
+    if favours:
+        return HOLDS
+    if all(d < 0 for d in differences) or (std is not None and -mean > std):
+        return REVERSED
+    return SPREAD
+
+
+def _seeds(seeds: list) -> str:
+    return f"seed{'s' if len(seeds) > 1 else ''} {', '.join(str(s) for s in seeds)}"
+
+
+def pair_text(differences: dict, unpaired: dict, strict: bool = True) -> str:
+    """``+0.012 ± 0.004 (3/3 pairs in favour)``; one pair: ``+0.012 (1/1 pair in favour; one pair: no spread)``;
+    seeds left out named after the count (``; seeds 3, 4 unpaired: no fada-III on mnistm``)."""
+    d = list(differences.values())
+    favour = sum(1 for x in d if (x > 0 if strict else x >= 0))
+    if len(d) > 1:
+        text = f"{np.mean(d):+.3f} ± {np.std(d, ddof=1):.3f} ({favour}/{len(d)} pairs in favour"
+    elif d:
+        text = f"{d[0]:+.3f} ({favour}/1 pair in favour; one pair: no spread"
+    else:
+        text = "(no seed with both rows"
+    by_lack: dict[tuple, list] = {}
+    for seed, lacking in unpaired.items():
+        by_lack.setdefault(tuple(lacking), []).append(seed)
+    for lacking, seeds in by_lack.items():
+        text += f"; {_seeds(seeds)} unpaired: no {', '.join(lacking)}"
+    return text + ")"
+
+
 def _verdict(lines: list[dict], claim: Claim, bench: str, targets: list[str]) -> tuple[str, str]:
     values = [
-        [
-            (f"{row}" + ("" if metric == "target" else f" {metric}"), claim_value(lines, bench, targets, row, metric))
-            for row, metric in group
-        ]
+        [(_name(row, metric), claim_value(lines, bench, targets, row, metric)) for row, metric in group]
         for group in claim.order
     ]
     where = f"{bench}, {'target ' + targets[0] if len(targets) == 1 else 'mean over ' + ', '.join(targets)}"
@@ -151,12 +292,22 @@ def _verdict(lines: list[dict], claim: Claim, bench: str, targets: list[str]) ->
     )
     missing = _unfinished(lines, [row for group in claim.order for row, _ in group], bench, targets)
     if missing:
-        return "not measurable", f"{figures}; {missing}"
+        return UNMEASURABLE, f"{figures}; {missing}"
     if any(v is None for group in values for _, v in group):
-        return "not measurable", figures
-    above = (lambda a, b: a > b) if claim.strict else (lambda a, b: a >= b)
-    holds = all(above(a, b) for upper, lower in zip(values, values[1:]) for _, a in upper for _, b in lower)
-    return ("holds" if holds else "does not hold"), figures
+        return UNMEASURABLE, figures
+    verdicts, texts = [], []
+    for upper_group, lower_group in zip(claim.order, claim.order[1:]):
+        for upper in upper_group:
+            for lower in lower_group:
+                differences, unpaired = paired_differences(lines, bench, targets, upper, lower)
+                verdicts.append(judge(list(differences.values()), claim.strict))
+                texts.append(f"{_name(*upper)} over {_name(*lower)} {pair_text(differences, unpaired, claim.strict)}")
+    figures += "; paired by seed: " + ", ".join(texts)
+    if UNMEASURABLE in verdicts:
+        return UNMEASURABLE, figures
+    if REVERSED in verdicts:
+        return REVERSED, figures
+    return (HOLDS if all(v == HOLDS for v in verdicts) else SPREAD), figures
 
 
 def _unfinished(lines: list[dict], rows: list[str], bench: str, targets: list[str]) -> str:
@@ -175,13 +326,18 @@ def _unfinished(lines: list[dict], rows: list[str], bench: str, targets: list[st
 
 
 def check_claim(spec: PaperSpec, lines: list[dict], claim: Claim) -> list[tuple[str, str]]:
-    """One (verdict, figures) per benchmark (and per target with ``per_target``); verdict: holds, does not hold,
-    not measurable (a trial it needs failed or did not finish, named with its error; a row has no value on a
-    target it needs; or the benchmark is not in the grid)."""
+    """One (verdict, figures) per benchmark (and per target with ``per_target``). A claim orders groups of rows;
+    every row of a group and every row of the next group make a pair, judged on its paired differences by seed
+    (:func:`paired_differences`, :func:`judge`). The verdict: **holds** when every pair holds, **does not hold**
+    when some pair's seeds separate the reverse order, **within the spread** otherwise; **not measurable** when a
+    trial it needs failed or did not finish (named with its error), a row has no value on a target it needs, no seed
+    has both rows of a pair, or the benchmark is not in the grid. The figures: each row's mean over seeds (then over
+    the targets), then each pair's paired difference (mean ± sample std over the seeds, how many favour the claim,
+    the seeds left out for want of a pair)."""
     results = []
     for bench in [claim.benchmark] if claim.benchmark else list(spec.benchmarks):
         if bench not in spec.benchmarks:
-            results.append(("not measurable", f"{bench}: not in this grid"))
+            results.append((UNMEASURABLE, f"{bench}: not in this grid"))
             continue
         targets = [claim.target] if claim.target else spec.benchmarks[bench]["targets"]
         for group in [[t] for t in targets] if claim.per_target else [targets]:
@@ -189,11 +345,21 @@ def check_claim(spec: PaperSpec, lines: list[dict], claim: Claim) -> list[tuple[
     return results
 
 
+CLAIMS_RULE = (
+    "Beside the figures, each pair of a row and a row it is claimed above: the paired difference, at each seed the "
+    "upper row minus the lower on the same target and seed (averaged over the targets named), as mean ± sample std "
+    "over the seeds, with how many seeds favour the claim (at or above: a tie does). A claim **holds** when, for "
+    "every pair, all differences favour it or their mean exceeds their std; it **does not hold** when, for some "
+    "pair, all differences go the other way or minus their mean exceeds their std; otherwise it is **within the "
+    "spread**. With one seed only the sign counts; a seed without both rows is left out and named."
+)
+
+
 def claims_text(spec: PaperSpec, lines: list[dict]) -> str:
     out = [
         f"# The claims of {spec.paper}, as measured here",
         "",
-        f"Each figure is the mean over seeds ({', '.join(str(s) for s in spec.seeds)}), then over the targets named.",
+        f"Each figure is the mean over seeds ({spec.seeds_text()}), then over the targets named. {CLAIMS_RULE}",
         "",
     ]
     for claim in spec.claims:

@@ -1,13 +1,14 @@
 """A paper's protocol as data: the spec files of `fedsim reproduce` (``experiments/specs/<paper>.yaml``).
 
 A spec names the runs (a shipped config + overrides), the benchmarks and target domains they run on,
-the seeds, the rows of the table (a run and the metrics read from its summary: several rows may read
-one run, e.g. FedDaDiL's R and E predictors), the paper's claims as orderings of rows on a metric,
+the seeds (the spec's, or a benchmark's or a run's own: a run's win over its benchmark's), the rows of the
+table (a run and the metrics read from its summary: several rows may read one run, e.g. FedDaDiL's R and E
+predictors), the paper's claims as orderings of rows on a metric,
 per-round series to plot, and a ``quick`` section that shrinks the grid to a smoke test (its ``benchmarks``
 appends settings to one benchmark's ``set`` / ``run_set``, e.g. fewer encoder rounds on images only).
 Every trial is one run x benchmark x target x seed; :func:`to_sweep` turns the grid into the
 :class:`fedsim.experiments.sweep_grid.SweepSpec` that `fedsim sweep`'s machinery runs as Ray Tune trials.
-The format is documented in ``docs/cluster.md`` ("Reproducing a paper"); its keys are checked by
+The format is documented in ``docs/reproducing.md``; its keys are checked by
 :mod:`fedsim.experiments.reproduce_format`.
 """
 
@@ -21,7 +22,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from fedsim.errors import UserError
-from fedsim.experiments.reproduce_format import DEFAULT_METRICS, Claim, Row, check_keys, strings
+from fedsim.experiments.reproduce_format import DEFAULT_METRICS, Claim, Row, check_keys, seed_list, strings
 from fedsim.experiments.sweep_grid import VARIANT_KEY, SweepSpec
 
 SPECS_DIR = Path(__file__).parent / "specs"
@@ -46,7 +47,7 @@ class PaperSpec:
                     f"spec {self.name}: {key} must be a {'mapping' if kind is dict else 'list'}, got {raw[key]!r}"
                 )
         self.paper = str(raw["paper"])
-        self.seeds = [int(s) for s in raw.get("seeds", [0])]
+        self.seeds = seed_list(raw.get("seeds", [0]), f"spec {self.name}: seeds")
         self.settings = strings(raw.get("set", []), f"spec {self.name}: set")
         self.last_settings = strings(raw.get("set_last", []), f"spec {self.name}: set_last")  # after the runs' own
         self.benchmarks = {
@@ -56,7 +57,12 @@ class PaperSpec:
             strings(bench.setdefault("targets", []), f"benchmark {name}: targets")
             if not bench["targets"]:
                 raise UserError(f"benchmark {name} lists no targets: give targets: [domain, ...]")
+            if "seeds" in bench:
+                seed_list(bench["seeds"], f"benchmark {name}: seeds")
         self.runs = {name: check_keys("run", run, f"run {name}") for name, run in raw["runs"].items()}
+        for name, run in self.runs.items():
+            if "seeds" in run:
+                seed_list(run["seeds"], f"run {name}: seeds")
         metrics = {**DEFAULT_METRICS, **(raw.get("metrics") or {})}
         self.rows = [self._row(r, metrics) for r in raw["rows"]]
         self.columns = strings(raw.get("columns", list(DEFAULT_METRICS)), f"spec {self.name}: columns")
@@ -132,6 +138,41 @@ class PaperSpec:
                     out.append((f"{run_name}@{bench_name}.{target}", run_name, bench_name, target))
         return out
 
+    def seeds_of(self, run: str, bench: str) -> list[int]:
+        """The seeds of ``run``'s trials on ``bench``: the run's own, else the benchmark's, else the spec's."""
+        return list(self.runs[run].get("seeds") or self.benchmarks[bench].get("seeds") or self.seeds)
+
+    def uniform_seeds(self) -> bool:
+        """Whether every trial runs the spec's seeds (no benchmark or run names its own)."""
+        return all(self.seeds_of(run, bench) == self.seeds for _, run, bench, _ in self.variants())
+
+    def trials(self) -> dict[str, tuple[str, str, str, Optional[int]]]:
+        """Grid point name (the value of the sweep's variant axis) -> (run, benchmark, target, seed). With the
+        spec's seeds everywhere a point is a variant (its seed is the sweep's seed axis, None here); otherwise
+        one point per variant and seed, named ``<variant>#<seed>``."""
+        if self.uniform_seeds():
+            return {name: (run, bench, target, None) for name, run, bench, target in self.variants()}
+        return {
+            f"{name}#{seed}": (run, bench, target, seed)
+            for name, run, bench, target in self.variants()
+            for seed in self.seeds_of(run, bench)
+        }
+
+    def seeds_text(self) -> str:
+        """The seeds for the outputs' headers: "0, 1, 2", or with the benchmarks' and runs' own seeds
+        "0, 1, 2 (benchmark tep: 0, 1, 2, 3, 4; run fedavg: 0, 1, 2, 3, 4)"."""
+
+        def listed(seeds: list[int]) -> str:
+            return ", ".join(str(s) for s in seeds)
+
+        own = [
+            f"{kind} {name}: {listed(entry['seeds'])}"
+            for kind, entries in (("benchmark", self.benchmarks), ("run", self.runs))
+            for name, entry in entries.items()
+            if entry.get("seeds") and list(entry["seeds"]) != self.seeds
+        ]
+        return listed(self.seeds) + (f" ({'; '.join(own)})" if own else "")
+
     def config_file(self, run: str) -> Optional[Path]:
         """The run's YAML file (next to the spec, else in experiments/configs); None: the library's defaults."""
         name = self.runs[run].get("config")
@@ -174,6 +215,8 @@ def _quick_benchmark(spec: PaperSpec, bench: str, extra: Any, old: Optional[dict
     where = f"spec {spec.name}: quick.benchmarks.{bench}"
     spec._known("benchmark", [bench], spec.benchmarks, f"spec {spec.name}: quick.benchmarks")
     extra, old = check_keys("benchmark", dict(extra or {}), where), dict(old or {})
+    if "seeds" in extra:
+        raise UserError(f"{where}: give the quick grid's seeds as quick.seeds, not per benchmark")
     spec._known("run", list(extra.get("run_set") or {}), spec.runs, f"{where}.run_set")
     run_set = {run: list(items) for run, items in (old.get("run_set") or {}).items()}
     for run, items in (extra.get("run_set") or {}).items():
@@ -189,7 +232,8 @@ def _quick_benchmark(spec: PaperSpec, bench: str, extra: Any, old: Optional[dict
 
 
 def shrink(spec: PaperSpec, quick: bool, seeds: Optional[list[int]]) -> PaperSpec:
-    """The grid that runs: ``--quick`` applies the spec's quick section, ``--seeds`` replaces the seeds."""
+    """The grid that runs: ``--quick`` applies the spec's quick section, ``--seeds`` replaces the seeds (seeds given
+    by ``--seeds`` or ``quick.seeds`` replace the benchmarks' and runs' own as well)."""
     raw = copy.deepcopy(spec.raw)
     if quick:
         small = check_keys("quick", dict(raw.pop("quick", None) or {}), f"spec {spec.name}: quick")
@@ -221,11 +265,18 @@ def shrink(spec: PaperSpec, quick: bool, seeds: Optional[list[int]]) -> PaperSpe
             ]
     if seeds is not None:
         raw["seeds"] = list(seeds)
+    if seeds is not None or (quick and "seeds" in (spec.raw.get("quick") or {})):
+        # the seeds given (--seeds, quick.seeds) replace the benchmarks' and runs' own
+        for entries in (raw["benchmarks"], raw["runs"]):
+            for name, entry in entries.items():
+                entries[name] = {k: v for k, v in (entry or {}).items() if k != "seeds"}
     return PaperSpec(spec.name, raw, spec.origin)
 
 
 def to_sweep(spec: PaperSpec) -> SweepSpec:
-    """One variant per run x benchmark x target (its config file's sections + the overrides), times the seeds."""
+    """One variant per run x benchmark x target (its config file's sections + the overrides), times the seeds: the
+    spec's as the seed axis, or, where a benchmark or run has its own, one point per variant and seed (the variants
+    stay in ``variants`` under their own names, the points beside them as ``<variant>#<seed>``)."""
     from fedsim.config import read_yaml
 
     variants = {}
@@ -245,7 +296,13 @@ def to_sweep(spec: PaperSpec) -> SweepSpec:
             "base": (read_yaml(str(path)) or {}) if path else {},
             "overrides": overrides,
         }
-    return SweepSpec(None, {}, [], {VARIANT_KEY: list(variants), "run.seed": list(spec.seeds)}, variants)
+    if spec.uniform_seeds():
+        return SweepSpec(None, {}, [], {VARIANT_KEY: list(variants), "run.seed": list(spec.seeds)}, variants)
+    points = {}  # seeds that differ by benchmark or run: one point per variant and seed, the seed in its overrides
+    for point, (run, bench, target, seed) in spec.trials().items():
+        variant = variants[point.rpartition("#")[0]]
+        points[point] = {**variant, "overrides": [*variant["overrides"], f"run.seed={seed}"]}
+    return SweepSpec(None, {}, [], {VARIANT_KEY: list(points)}, {**variants, **points})
 
 
 def to_json(spec: PaperSpec) -> str:

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from fedsim.experiments.reproduce import output_names
+from fedsim.experiments.reproduce_results import claims_text, read_results_csv, table
 from fedsim.experiments.reproduce_spec import load_spec, shrink
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -47,3 +48,23 @@ def test_every_results_file_belongs_to_a_reproduction():
 def test_directory_holds_what_its_command_writes(directory, quick):
     spec = shrink(load_spec(None, str(spec_of(directory))), quick, None)
     assert _committed(directory) == set(output_names(spec))
+
+
+#: directories whose spec's title was edited after their table.md was written (its path in the title): the table's
+#: title line differs, the rest not
+TITLE_EDITED = {"baselines/papers-lambda"}
+
+
+@pytest.mark.parametrize("directory", DIRECTORIES, ids=lambda d: str(d.relative_to(RESULTS)))
+def test_tables_and_claims_are_what_their_results_csv_gives(directory):
+    """table.md and claims.md are what ``fedsim reproduce --spec SPEC --out DIR --tables-only`` writes from the
+    committed results.csv: the tables byte for byte, the claims with the verdicts of the paired rule."""
+    spec = load_spec(None, str(spec_of(directory)))
+    lines = read_results_csv(directory / "results.csv", spec)
+    committed = (directory / "table.md").read_text()
+    rendered = table(spec, lines)
+    if directory.relative_to(RESULTS).as_posix() in TITLE_EDITED:
+        (committed_title, _, committed), (title, _, rendered) = committed.partition("\n"), rendered.partition("\n")
+        assert title == f"# {spec.paper}" != committed_title
+    assert rendered == committed
+    assert claims_text(spec, lines) == (directory / "claims.md").read_text()
