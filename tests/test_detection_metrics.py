@@ -131,36 +131,56 @@ def test_bad_input_raises(truth, dets, message):
         coco_map(truth, dets, 3)
 
 
-def test_a_u_merges_the_server_records_with_every_clients_test_records():
-    """u_i = mAP(M_i on S, M_j on T_j for every client j); A_u_own keeps mAP(M_i on S u T_i)."""
+def test_a_u_scores_each_clients_model_on_the_server_set_and_every_clients_set():
+    """u_i = mAP(M_i on S u T_1 u T_2), the paper's L_U; A_u_deployed keeps mAP(M_i on S, M_j on T_j for every
+    client j), A_u_own mAP(M_i on S u T_i)."""
     from fedsim.methods.common.detection_eval import DetectionRoles, Family, family_scores
 
     rng = np.random.default_rng(3)
     roles = DetectionRoles("server", 0, (1, 2), ())
-    sets = {label: random_set(rng, 6) for label in ("S@1", "S@2", "S", "T1", "T2")}
-    records = {key: match_records(*value, 3) for key, value in sets.items()}
+    truth = {name: random_set(rng, 6)[0] for name in ("S", "T1", "T2")}
+
+    def detect(images, hit):  # each box found with probability ``hit``, jittered, with a rounded score
+        out = []
+        for boxes, labels in images:
+            found = rng.uniform(0, 1, len(boxes)) < hit
+            det = boxes[found] + rng.normal(0, 2, (int(found.sum()), 4))
+            det[:, 2:] = np.maximum(det[:, 2:], det[:, :2] + 1)
+            out.append((det, np.round(rng.uniform(0.1, 1, len(det)), 1), labels[found]))
+        return out
+
+    # M_i finds most boxes on its own client's set, few elsewhere; the global model g half of them everywhere
+    hits = {"g": (0.5, 0.5, 0.5), "m1": (0.4, 0.9, 0.2), "m2": (0.4, 0.2, 0.9)}
+    models = {m: {name: detect(truth[name], h) for name, h in zip(("S", "T1", "T2"), hit)} for m, hit in hits.items()}
+    records = {(m, name): match_records(truth[name], models[m][name], 3) for m in models for name in truth}
     lookup = {
-        (0, "g"): records["S"],
-        (1, "g"): records["T1"],
-        (2, "g"): records["T2"],
-        (0, "m@1"): records["S@1"],
-        (0, "m@2"): records["S@2"],
-        (1, "m"): records["T1"],
-        (2, "m"): records["T2"],
+        (0, "g"): records["g", "S"],
+        (1, "g"): records["g", "T1"],
+        (2, "g"): records["g", "T2"],
+        (0, "m@1"): records["m1", "S"],
+        (0, "m@2"): records["m2", "S"],
+        (1, "m"): records["m1", "T1"],  # each client's own model on its own set
+        (2, "m"): records["m2", "T2"],
+        (1, "m@2"): records["m2", "T1"],  # client 1 scores M_2 on T_1
+        (2, "m@1"): records["m1", "T2"],
     }
     get = lambda cid, label: lookup[(cid, label)]  # noqa: E731
+
+    def pooled(model, names):  # pycocotools on the pooled images: the reference
+        return coco_map([t for n in names for t in truth[n]], [d for n in names for d in models[model][n]], 3)["mAP"]
+
     glob = family_scores(Family("g", False, (), lambda c: ()), get, roles, 3, 0.3)
-    union = (
-        [x for key in ("S", "T1", "T2") for x in sets[key][0]],
-        [x for key in ("S", "T1", "T2") for x in sets[key][1]],
-    )
-    assert glob["A_u"] == pytest.approx(coco_map(*union, 3)["mAP"], abs=1e-12)  # a global model: the pooled set exactly
+    assert glob["A_u"] == pytest.approx(pooled("g", ("S", "T1", "T2")), abs=1e-12)  # a global model: the pooled set
+    assert glob["A_u_deployed"] == glob["A_u"]
     per = family_scores(Family("m", True, (), lambda c: ()), get, roles, 3, 0.3)
-    for cid in (1, 2):
-        expected = accumulate([records[f"S@{cid}"], records["T1"], records["T2"]], 3)["mAP"]
-        assert per["clients"][str(cid)]["u"] == pytest.approx(expected, abs=1e-12)
-        assert per["clients"][str(cid)]["uo"] == pytest.approx(
-            accumulate([records[f"S@{cid}"], records[f"T{cid}"]], 3)["mAP"], abs=1e-12
-        )
+    for cid, other in ((1, 2), (2, 1)):
+        scores = per["clients"][str(cid)]
+        assert scores["u"] == pytest.approx(pooled(f"m{cid}", ("S", "T1", "T2")), abs=1e-12)
+        deployed = accumulate([records[f"m{cid}", "S"], records["m1", "T1"], records["m2", "T2"]], 3)["mAP"]
+        assert scores["ud"] == pytest.approx(deployed, abs=1e-12)
+        assert scores["uo"] == pytest.approx(pooled(f"m{cid}", ("S", f"T{cid}")), abs=1e-12)
+        # M_i finds few boxes on the other client's set, where the deployed form scores that client's own model
+        assert scores["u"] < scores["ud"] - 0.04
     assert per["A_u"] == pytest.approx(np.mean([per["clients"][c]["u"] for c in ("1", "2")]))
+    assert per["A_u_deployed"] == pytest.approx(np.mean([per["clients"][c]["ud"] for c in ("1", "2")]))
     assert per["A_u_own"] == pytest.approx(np.mean([per["clients"][c]["uo"] for c in ("1", "2")]))

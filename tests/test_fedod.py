@@ -162,6 +162,69 @@ def test_final_ensemble_uses_the_fine_tune_of_the_final_global_model(fedod_run):
     assert evaluations[-1][0].values["predictors"][f"ens_wbf@{farm}"]["sources"] == ["payload:wg", f"own:final@{farm}"]
 
 
+def test_a_u_scores_each_clients_model_on_the_server_set_and_every_clients_set(tiny):
+    """The paper's A_u (its L_U): client i's model M_i on S u T_night u T_farm, pycocotools on the pooled images;
+    A_u_deployed scores each T_j with client j's own model. Two clients, models trained enough to find boxes."""
+    from fedsim.detection.fusion import fuse
+    from fedsim.detection.metrics import coco_map
+    from fedsim.methods.common.detection_eval import detect_all
+    from fedsim.methods.common.training import load_numpy
+
+    trained = ["data.sources=server,night,farm", "method.base_iters=40", "method.client_iters=10", "method.lr=0.05"]
+    config, federation, executor, server, metrics = run_local(options(tiny, "fedod", *trained))
+    host, clients = executor.host, (1, 2)
+    # the clients share their own models for the evaluation only, after the round's training
+    ops = [(cid, op) for _, cid, op, _ in executor.log]
+    assert ops[-6:] == [
+        (1, "share_own"),
+        (2, "share_own"),
+        (0, "evaluate"),
+        (1, "evaluate"),
+        (2, "evaluate"),
+        (3, "evaluate"),
+    ]
+    evaluation = next(ins for ins, _ in executor.calls if next(iter(ins.values())).operation == "evaluate")
+    prefixes = {cid: {k.partition("/")[0] for k in ins.tensors} for cid, ins in evaluation.items()}
+    assert prefixes == {
+        0: {"wb", "wg"},
+        1: {"wb", "wg", "personal@2", "final@2"},
+        2: {"wb", "wg", "personal@1", "final@1"},
+        3: {"wb", "wg"},
+    }
+    tests = {cid: load_client_data(config.data, federation, cid).test for cid in (0, *clients)}
+    model, k = build_detector(server.method.spec), federation.num_classes
+
+    def detections(weights):
+        load_numpy(model, weights)
+        return {cid: detect_all(model, split.x, 50) for cid, split in tests.items()}
+
+    w_g = detections(server.state["weights"])
+    final = {cid: detections(host.private_state(cid)["own"]["final"]) for cid in clients}
+    wbf = dict(next(f for f in server.method.families(1) if f.name == "ens_wbf").options)
+    size = tuple(tests[0].x.shape[-2:])
+    ensemble = {
+        cid: {h: [fuse([g, p], size, method="wbf", **wbf) for g, p in zip(w_g[h], final[cid][h])] for h in tests}
+        for cid in clients
+    }
+
+    def pooled(dets_by_holder):  # pycocotools on S u T_night u T_farm, the images pooled
+        truth = [t for h in (0, *clients) for t in tests[h].targets]
+        return coco_map(truth, [d for h in (0, *clients) for d in dets_by_holder[h]], k)["mAP"]
+
+    scores = metrics["final_detection"]
+    for family, models in (("wi_final", final), ("ens_wbf", ensemble)):
+        for cid in clients:
+            entry = scores[family]["clients"][str(cid)]
+            assert entry["u"] == pytest.approx(pooled(models[cid]), abs=1e-12)
+            deployed = {0: models[cid][0], **{j: models[j][j] for j in clients}}
+            assert entry["ud"] == pytest.approx(pooled(deployed), abs=1e-12)
+        assert scores[family]["A_u"] == pytest.approx(
+            np.mean([scores[family]["clients"][str(c)]["u"] for c in clients])
+        )
+    assert scores["wg"]["A_u"] == pytest.approx(pooled(w_g), abs=1e-12) == scores["wg"]["A_u_deployed"]
+    assert scores["wi_final"]["A_u"] > 0 and scores["ens_wbf"]["A_u"] > 0
+
+
 def test_two_identical_teachers_distil_as_one():
     spec = DetectorSpec(num_classes=3, image_size=64, width=4, fpn_channels=8, head_convs=1)
     student, teacher = build_detector(spec, seed=0), build_detector(spec, seed=1).eval()

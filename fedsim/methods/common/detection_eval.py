@@ -5,26 +5,30 @@ M_i that client i deploys (the global model, its personal model, or their ensemb
 with S the server's test set and T_i client i's test set::
 
     s_i = mAP(M_i on S),  p_i = mAP(M_i on T_i)
-    u_i = mAP(M_i on S, M_j on T_j for every client j)     (S u T_1 u ... u T_N)
+    u_i = mAP(M_i on S u T_1 u ... u T_N)                        (the paper's L_U)
     A_s = mean_i s_i,  A_p = mean_i p_i,  A_u = mean_i u_i
     A_com(alpha) = alpha A_s + (1 - alpha) A_p          (FedOD, Su et al. 2022)
 
-and the same with AP50. A_u is over the server's and all the clients' test sets, as the
-paper's L_U is: for a global model it is exactly mAP(M on S u T_1 u ... u T_N); for a
-per-client family each T_j is scored by the model its client deploys, M_j (a client's
-personal model never reaches another client). ``A_u_own`` keeps the narrower
-mean_i mAP(M_i on S u T_i). Each holder matches its own detections with pycocotools and
-sends only match records (:mod:`fedsim.detection.metrics`); the unions merge records,
-exactly as pycocotools would on the pooled set. Scoring a personal M_i on
-S needs M_i on the server host: FedOD's w_i are there anyway (the teachers it
-distils); FedBN/FedRep clients upload their personal parts for that in evaluated
-rounds, an evaluation-only exchange that never enters training. For a global
-family ``target`` is its mAP on the unlabeled target domain. ``source_accuracy``
-holds the primary family's mAP per domain and ``target_accuracy`` its target mAP.
+and the same with AP50. A_u is the paper's: its L_U scores a client's local model on the
+server's set and on every client's set, so client j scores M_i on T_j for every i (an
+evaluation that never enters training: M_i reaches client j only in the evaluation's
+instruction). fedsim's narrower forms are kept under their own names:
+``A_u_deployed`` = mean_i mAP(M_i on S, M_j on T_j for every client j), each T_j scored
+by the model its own client deploys, and ``A_u_own`` = mean_i mAP(M_i on S u T_i); for a
+global model A_u and A_u_deployed are one number, its mAP on the pooled set. Each holder matches its own detections
+with pycocotools and sends only match records (:mod:`fedsim.detection.metrics`); the unions
+merge records, exactly as pycocotools would on the pooled set. Scoring a personal M_i on S
+needs M_i on the server host, and on T_j on client j: FedOD's w_i are on the server host
+anyway (the teachers it distils) and the clients upload them for the other clients in
+evaluated rounds; FedBN/FedRep clients upload their personal parts in evaluated rounds. Both
+are evaluation-only exchanges. For a global family ``target`` is its mAP on the unlabeled
+target domain. ``source_accuracy`` holds the primary family's mAP per domain and
+``target_accuracy`` its target mAP.
 
 A model source names weights: ``payload:<prefix>`` (sent in the instruction under
 ``<prefix>/``) or ``own:<key>`` (held in the client's private ``own`` dict); ``|``
-overlays several (a global model with a personal part on top).
+overlays several (a global model with a personal part on top). Every holder receives the
+payload tensors its predictors name, and no other (:func:`payload_for`).
 """
 
 from __future__ import annotations
@@ -42,7 +46,7 @@ from fedsim.methods.common.training import load_numpy
 from fedsim.models.detector import Detector
 
 Weights = dict[str, np.ndarray]
-SCORES = ("s", "p", "u", "s50", "p50", "u50", "uo", "uo50")
+SCORES = ("s", "p", "u", "s50", "p50", "u50", "ud", "ud50", "uo", "uo50")
 
 
 @dataclass(frozen=True)
@@ -55,6 +59,12 @@ class Family:
     server_sources: Callable[[int], tuple[str, ...]]  # what the server host evaluates on S for client i
     fusion: Optional[str] = None  # fuse the sources' detections (wbf, nms, soft_nms, nmw); None: one source
     options: Mapping[str, Any] = field(default_factory=dict)  # keyword arguments of fedsim.detection.fusion.fuse
+    #: what another client evaluates on its test set for client i's M_i (the paper's A_u); None: server_sources
+    peer_sources: Optional[Callable[[int], tuple[str, ...]]] = None
+
+    def peers(self, cid: int) -> tuple[str, ...]:
+        """The model sources with which another client runs client ``cid``'s M_i."""
+        return (self.peer_sources or self.server_sources)(cid)
 
 
 @dataclass(frozen=True)
@@ -98,7 +108,8 @@ def predictor_values(families: list[Family], roles: DetectionRoles) -> dict[int,
     """Each evaluating client's instruction values: the predictors it scores on its own test set.
 
     The server host scores every M_i on S (``<family>@<client>``); a client scores its own
-    M_i; the target scores the global families only, unfused.
+    M_i (``<family>``) and every other client's (``<family>@<client>``, the paper's A_u); the
+    target scores the global families only, unfused.
     """
     server = {}
     for fam in families:
@@ -108,12 +119,18 @@ def predictor_values(families: list[Family], roles: DetectionRoles) -> dict[int,
                 server[f"{fam.name}@{cid}"] = {"sources": list(fam.server_sources(cid)), **spec}
         else:
             server[fam.name] = {"sources": list(fam.server_sources(roles.server_id)), **spec}
-    clients = {
-        "predictors": {
-            fam.name: {"sources": list(fam.client_sources), "fusion": fam.fusion, "options": dict(fam.options)}
-            for fam in families
-        }
-    }
+
+    def client(cid: int) -> dict:
+        predictors = {}
+        for fam in families:
+            spec = {"fusion": fam.fusion, "options": dict(fam.options)}
+            predictors[fam.name] = {"sources": list(fam.client_sources), **spec}
+            if fam.per_client:
+                for other in roles.client_ids:
+                    if other != cid:
+                        predictors[f"{fam.name}@{other}"] = {"sources": list(fam.peers(other)), **spec}
+        return {"predictors": predictors}
+
     target = {
         "predictors": {
             fam.name: {"sources": list(fam.client_sources), "fusion": None, "options": {}}
@@ -122,22 +139,57 @@ def predictor_values(families: list[Family], roles: DetectionRoles) -> dict[int,
         }
     }
     values = {roles.server_id: {"predictors": server}}
-    values.update({cid: clients for cid in roles.client_ids})  # one shared object
+    values.update({cid: client(cid) for cid in roles.client_ids})
     values.update({cid: target for cid in roles.target_ids})
     return values
+
+
+def payload_prefixes(values: Mapping[str, Any]) -> frozenset[str]:
+    """The ``payload:<prefix>`` names that one holder's predictors (its instruction values) read."""
+    return frozenset(
+        part.partition(":")[2]
+        for spec in values["predictors"].values()
+        for source in spec["sources"]
+        for part in source.split("|")
+        if part.startswith("payload:")
+    )
+
+
+def payload_for(pool: Mapping[str, np.ndarray], values: Mapping[int, Mapping[str, Any]]) -> dict[int, Weights]:
+    """Each holder's evaluation tensors: the tensors of ``pool`` under the prefixes its predictors read, no other
+    (holders that read the same prefixes share one dict, serialized once). KeyError for a prefix ``pool`` lacks."""
+    shared: dict[frozenset, Weights] = {}
+    out = {}
+    for cid, held in values.items():
+        prefixes = payload_prefixes(held)
+        if prefixes not in shared:
+            chosen = {k: v for k, v in pool.items() if k.partition("/")[0] in prefixes}
+            missing = prefixes - {k.partition("/")[0] for k in chosen}
+            if missing:
+                raise KeyError(f"no evaluation tensors for payload {sorted(missing)}")
+            shared[prefixes] = chosen
+        out[cid] = shared[prefixes]
+    return out
 
 
 def family_scores(
     fam: Family, records: Callable[[int, str], MatchRecords], roles: DetectionRoles, num_classes: int, alpha: float
 ) -> dict:
-    """A_s, A_p, A_u, A_com (mAP and AP50) of one family, per client and averaged; ``target`` for a global family."""
+    """A_s, A_p, A_u (the paper's), A_u_deployed, A_u_own, A_com (mAP and AP50) of one family, per client and
+    averaged; ``target`` for a global family."""
     per_client = {}
     on_clients = {cid: records(cid, fam.name) for cid in roles.client_ids}
     for cid in roles.client_ids:
         on_server = records(roles.server_id, f"{fam.name}@{cid}" if fam.per_client else fam.name)
         own = on_clients[cid]
+        # M_i on every client's test set T_j: client j's records of M_i (its own for j = i or a global model)
+        everywhere = [
+            on_clients[j] if j == cid or not fam.per_client else records(j, f"{fam.name}@{cid}")
+            for j in roles.client_ids
+        ]
         s, p = accumulate([on_server], num_classes), accumulate([own], num_classes)
-        u = accumulate([on_server, *on_clients.values()], num_classes)
+        u = accumulate([on_server, *everywhere], num_classes)
+        ud = accumulate([on_server, *on_clients.values()], num_classes)
         uo = accumulate([on_server, own], num_classes)
         per_client[str(cid)] = {
             "s": s["mAP"],
@@ -146,6 +198,8 @@ def family_scores(
             "s50": s["AP50"],
             "p50": p["AP50"],
             "u50": u["AP50"],
+            "ud": ud["mAP"],
+            "ud50": ud["AP50"],
             "uo": uo["mAP"],
             "uo50": uo["AP50"],
         }
@@ -159,6 +213,8 @@ def family_scores(
         "AP50_p": mean["p50"],
         "AP50_u": mean["u50"],
         "AP50_com": comprehensive(mean["s50"], mean["p50"], alpha),
+        "A_u_deployed": mean["ud"],
+        "AP50_u_deployed": mean["ud50"],
         "A_u_own": mean["uo"],
         "AP50_u_own": mean["uo50"],
         "clients": per_client,

@@ -14,8 +14,8 @@ Base stage. Round 1 first trains the base model w_b on the server host
 (``base_iters`` SGD steps from a seeded initialization, or from ``weights``, a local
 weights file; ``base_iters = 0`` keeps the file's weights as w_b).
 
-Evaluation (the families of predictors and their scores A_s, A_p, A_u, A_com) is in
-:mod:`fedsim.methods.common.detection_eval`.
+Evaluation (the families of predictors and their scores A_s, A_p, A_u, A_com; A_u the paper's, over S and
+every client's test set) is in :mod:`fedsim.methods.common.detection_eval`.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from fedsim.methods.common.detection_eval import (
     DetectionRoles,
     Family,
     Weights,
+    payload_for,
     predictor_values,
     score_predictors,
     summarize,
@@ -186,17 +187,21 @@ class DetectionMethod(Method):
         raise NotImplementedError
 
     def evaluation_payloads(self, ctx, state: ServerState) -> tuple[Weights, Weights]:
-        """(tensors for the clients and the target, tensors for the server host); may run an exchange to get them."""
+        """(tensors for the clients and the target, tensors for the server host), each under its prefix (a prefix
+        names one model in both); may run an exchange to get them. The clients' include the other clients' models
+        that the paper's A_u scores on their test sets."""
         raise NotImplementedError
 
     def evaluate_round(self, ctx, state: ServerState) -> dict:
-        """The server host, the clients and the target score their predictors in one exchange."""
+        """The server host, the clients and the target score their predictors in one exchange; each gets the
+        payload tensors its predictors name (:func:`fedsim.methods.common.detection_eval.payload_for`)."""
         values = predictor_values(self.families(ctx.round), self.roles)
         client_payload, server_payload = self.evaluation_payloads(ctx, state)
+        payloads = payload_for({**client_payload, **server_payload}, values)
         roles = self.roles
         replies = ctx.call(
             "evaluate",
-            lambda cid: server_payload if cid == roles.server_id else client_payload,
+            lambda cid: payloads[cid],
             [roles.server_id, *roles.client_ids, *roles.target_ids],
             lambda cid: values[cid],
         )

@@ -37,9 +37,11 @@ The server holds a large labeled set (hosted on the *server host*, see
 client fine-tuning from w_b, no distillation: w_g stays w_b).
 
 Families reported (see :mod:`fedsim.methods.common.detection_eval` for A_s, A_p, A_u,
-A_com): ``wb`` (the base model), ``wg`` (fedod), ``wi`` (w_i of the round: w_i^R in the
-last), and in the last round ``wi_first`` (w_i^1, when R > 1: the paper's claim that w_i
-gains over the rounds), ``wi_final`` (w_i^(R+1), fedod) and ``ens_wbf``, ``ens_nms``,
+A_com; A_u is the paper's L_U, each client's model on S and on every client's test set, for
+which the clients share their models in evaluated rounds, an evaluation-only exchange):
+``wb`` (the base model), ``wg`` (fedod), ``wi`` (w_i of the round: w_i^R in the last), and
+in the last round ``wi_first`` (w_i^1, when R > 1: the paper's claim that w_i gains over the
+rounds), ``wi_final`` (w_i^(R+1), fedod) and ``ens_wbf``, ``ens_nms``,
 ``ens_soft_nms``, ``ens_nmw`` (w_i^(R+1) with w_g^R; w_i^R with w_b in ``baseline2``,
 whose w_i are always fine-tunes of w_b). Other fusion settings can be scored on the same models in the same
 evaluation: ``variant_confs`` adds ``ens_wbf_<conf>`` (WBF with that fused score),
@@ -70,8 +72,28 @@ SERVER_SLOT = {"personal": "teacher", "first": "first", "final": "final"}
 
 
 def personal_family(name: str, client_slot: str, server_slot: str) -> Family:
-    """Client i's own model kept under ``own:<client_slot>``, on the server host under ``own:<server_slot>@i``."""
-    return Family(name, True, (f"own:{client_slot}",), lambda cid: (f"own:{server_slot}@{cid}",))
+    """Client i's own model kept under ``own:<client_slot>``, on the server host under ``own:<server_slot>@i``, sent
+    to the other clients for the evaluation as ``payload:<client_slot>@i``."""
+    return Family(
+        name,
+        True,
+        (f"own:{client_slot}",),
+        lambda cid: (f"own:{server_slot}@{cid}",),
+        peer_sources=lambda cid: (f"payload:{client_slot}@{cid}",),
+    )
+
+
+def peer_slots(families: list[Family], client_ids) -> list[str]:
+    """The client slots (``personal``, ``first``, ``final``) whose models the other clients' predictors read."""
+    slots = set()
+    for fam in families:
+        if fam.per_client and len(client_ids) > 1:
+            for source in fam.peers(client_ids[0]):
+                for part in source.split("|"):
+                    kind, _, key = part.partition(":")
+                    if kind == "payload" and "@" in key:
+                        slots.add(key.partition("@")[0])
+    return sorted(slots)
 
 
 @METHODS.register("fedod")
@@ -145,6 +167,7 @@ class FedOD(DetectionMethod):
                     lambda cid, g=glob, o=own: (f"payload:{g}", f"own:{SERVER_SLOT[o]}@{cid}"),
                     fusion=fusion,
                     options=options,
+                    peer_sources=lambda cid, g=glob, o=own: (f"payload:{g}", f"payload:{o}@{cid}"),
                 )
             )
         return fams
@@ -170,10 +193,18 @@ class FedOD(DetectionMethod):
         return "wg" if self.params.mode == "fedod" else "wb"
 
     def evaluation_payloads(self, ctx, state: ServerState) -> tuple[Weights, Weights]:
+        """w_b (and w_g) for everyone; for the clients also every client's own models that the paper's A_u scores
+        on the other clients' test sets, uploaded for that (``share_own``, an evaluation-only exchange)."""
         payload = with_prefix(state["base"], "wb")
         if self.params.mode == "fedod":
             payload.update(with_prefix(state["weights"], "wg"))
-        return payload, payload
+        slots = peer_slots(self.families(ctx.round), self.roles.client_ids)
+        if not slots:
+            return payload, payload
+        peers = dict(payload)
+        for reply in ctx.call("share_own", None, self.roles.client_ids, {"slots": slots}).values():
+            peers.update(reply.tensors)
+        return peers, payload
 
     # ---- client half ------------------------------------------------------
     @client_operation
@@ -190,6 +221,15 @@ class FedOD(DetectionMethod):
         if slot == "personal" and instruction.round == 1:
             state["own"]["first"] = weights
         return Reply(data.client_id, weights, {"train_loss": loss}, num_examples=len(data.train)), state
+
+    @client_operation
+    def share_own(self, instruction: Instruction, state: Any, data: ClientData) -> tuple[Reply, Any]:
+        """Client, evaluation only: its models of the given slots (``<slot>@<client>/``), for the other clients to
+        score on their test sets (the paper's A_u); never used in training."""
+        tensors: Weights = {}
+        for slot in instruction.values["slots"]:
+            tensors.update(with_prefix(state["own"][slot], f"{slot}@{data.client_id}"))
+        return Reply(data.client_id, tensors, {}, num_examples=len(data.train)), state
 
     @client_operation
     def keep_teachers(self, instruction: Instruction, state: Any, data: ClientData) -> tuple[Reply, Any]:
