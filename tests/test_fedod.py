@@ -225,6 +225,32 @@ def test_a_u_scores_each_clients_model_on_the_server_set_and_every_clients_set(t
     assert scores["wi_final"]["A_u"] > 0 and scores["ens_wbf"]["A_u"] > 0
 
 
+def test_distillation_terms_at_zero_leave_the_same_server_steps_on_the_detection_loss(tiny):
+    """The control of the distillation claim: lambda_feat = lambda_cls = lambda_reg = 0 gives w_g = distill_iters
+    steps of the detection loss alone from mean(w_g, w_1), on the same batches; with the terms w_g differs."""
+    from fedsim.methods.common.aggregation import weighted_average
+    from fedsim.methods.common.detection_eval import prefixed
+    from fedsim.methods.common.detection_training import DetectionSet
+    from fedsim.methods.common.training import load_numpy, model_to_numpy
+
+    zero = ["method.lambda_feat=0", "method.lambda_cls=0", "method.lambda_reg=0", "method.distill_iters=3"]
+    config, federation, executor, server, metrics = run_local(options(tiny, "fedod", *zero))
+    assert (metrics["distill_last_feat"], metrics["distill_last_cls"], metrics["distill_last_reg"]) == (0.0, 0.0, 0.0)
+    distill = next(ins[0] for ins, _ in executor.calls if 0 in ins and ins[0].operation == "distill")
+    method, data = server.method, load_client_data(config.data, federation, 0)
+    student = method.new_model()
+    start = [prefixed(distill.tensors, "global"), prefixed(distill.tensors, "teacher@1")]
+    load_numpy(student, weighted_average(start, [1.0, 1.0]))
+    train = DetectionSet.build(data.train.x, data.train.targets)
+    loss = method.local_train(student, train, 3, distill.local, distill.seed)
+    assert metrics["distill_loss"] == pytest.approx(loss, rel=1e-6)
+    expected = model_to_numpy(student)
+    for name, value in server.state["weights"].items():
+        np.testing.assert_allclose(value, expected[name], rtol=1e-5, atol=1e-6, err_msg=name)
+    distilled = run_local(options(tiny, "fedod", "method.distill_iters=3"))[3].state["weights"]
+    assert any(not np.allclose(distilled[k], expected[k], rtol=1e-3, atol=1e-4) for k in expected)
+
+
 def test_two_identical_teachers_distil_as_one():
     spec = DetectorSpec(num_classes=3, image_size=64, width=4, fpn_channels=8, head_convs=1)
     student, teacher = build_detector(spec, seed=0), build_detector(spec, seed=1).eval()

@@ -264,7 +264,10 @@ class FedOD(DetectionMethod):
             model.eval()
             model.requires_grad_(False)
         parts = {"feat": 0.0, "cls": 0.0, "reg": 0.0}
-        distillation = multi_teacher_loss(teachers[: len(ids)], p, parts)
+        # the distillation terms at zero (the control of the distillation claim): the same server steps on the
+        # detection loss alone, the teachers not run
+        distilled = max(p.lambda_feat, p.lambda_cls, p.lambda_reg) > 0
+        distillation = multi_teacher_loss(teachers[: len(ids)], p, parts) if distilled else None
         loss = self.local_train(
             student,
             self.train_set(state, data),

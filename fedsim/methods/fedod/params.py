@@ -25,7 +25,8 @@ class FedODParams(DetectionParams):
     # CWD summed over the pyramid levels: a rule on the server's data (CWD's detection code: 5 per level)
     lambda_feat: float = 0.1
     lambda_cls: float = 1.0  # CWD on the classification maps
-    lambda_reg: float = 1.0  # L2 on the regression maps
+    lambda_reg: float = 1.0  # L2 on the regression maps (lambda_feat = lambda_cls = lambda_reg = 0: the same server
+    # steps on the detection loss alone, the control of the distillation claim in experiments/specs/fedod.yaml)
     fusion_weights: tuple[float, ...] = (1.0, 1.0)  # (global, personal) model weights of the ensemble
     fusion_iou: float = 0.55  # IoU at which boxes are fused / suppressed (ensemble-boxes' default)
     skip_box_thr: float = 0.0  # boxes below this score are ignored by the fusion (ensemble-boxes' default)
