@@ -1,18 +1,18 @@
 """CWRU bearing faults (Case Western Reserve University Bearing Data Center) as the DaDiL authors use them.
 
-The DaDiL / FedDaDiL / GMM-DaDiL authors' CWRU task (their scripts and tables, read with fedsim's source-search
-tools; file ids of its index): three domains ``A``, ``B``, ``C``, ten classes, one domain the unlabeled target and
-the other two the sources; the methods run on the 256 features of an MLP trained on the two sources of each target
-(``mlp_fts_256_target_<A|B|C>.pkl``, one feature file per target), and the line that would standardize them is
-commented out (FedDaDiL CWRU script 40920335471, WBT 41528495697, GMM-DaDiL 40668303387). Their table (GMM-DaDiL
-README 42115401738) gives the MLP trained on the sources 70.90 / 79.76 / 72.26 on targets A / B / C (mean 74.31).
-Their public code does not hold the step that cuts the recordings and trains that MLP, so the rest is fedsim's,
-each choice stated:
+The DaDiL / FedDaDiL / GMM-DaDiL authors' CWRU task, from their public experiment scripts and tables (ids in the
+public-code index docs/benchmarks.md cites): three domains ``A``, ``B``, ``C``, ten classes, one domain the
+unlabeled target and the other two the sources; the methods run on the 256 features of an MLP trained on the two
+sources of each target (``mlp_fts_256_target_<A|B|C>.pkl``, one feature file per target), and the line that would
+standardize them is commented out (FedDaDiL CWRU script 40920335471, WBT 41528495697, GMM-DaDiL 40668303387). The
+GMM-DaDiL README (ECML-PKDD 2024; 42115401738) gives that MLP 70.90 / 79.76 / 72.26 on targets A / B / C (mean
+74.31). Their public code does not hold the step that cuts the recordings and trains the MLP, so the rest is
+fedsim's, each choice stated:
 
 * Domains: the loads ``1hp`` (1772 rpm, A), ``2hp`` (1750 rpm, B), ``3hp`` (1730 rpm, C), the cross-load
   convention whose datasets A, B, C are the loads 1, 2, 3 hp (Zhang et al., Sensors 2017, WDCNN); the authors'
-  middle domain B is their easiest target, as the middle load is in fedsim's measurement (docs/benchmarks.md).
-  ``0hp`` (1797 rpm) joins when ``--target``, ``data.sources`` or ``data.loads`` names it.
+  scripts do not name the loads. ``0hp`` (1797 rpm) joins when ``--target``, ``data.sources`` or ``data.loads``
+  names it.
 * Classes: the normal baseline and the nine drive-end faults ``ball_``, ``inner_``, ``outer_`` (outer race at
   6:00) of 0.007, 0.014, 0.021 in: the authors' ten. The classes every load of the task has are used (logged
   once): copies without the normal recordings of 1-3 hp give the nine faults.
