@@ -1,7 +1,7 @@
 """Models with an explicit encoder / head split (no forward hooks).
 
 ``build_model(model_config, input_shape, num_classes)`` picks a registered
-model; ``"auto"`` chooses ``cnn`` for C x H x W inputs and ``mlp`` for vectors. Model
+model; ``"auto"`` chooses ``cnn`` for C x H x W inputs, ``cnn1d`` for C x L time series and ``mlp`` for vectors. Model
 files are imported on demand by the registry (the detector, which needs
 torchvision, only by the detection methods).
 
@@ -26,11 +26,14 @@ def build_model(model_config, input_shape: tuple[int, ...], num_classes: int) ->
     if name == "auto":
         if len(input_shape) == 3:
             name = "cnn"
+        elif len(input_shape) == 2:
+            name = "cnn1d"
         elif len(input_shape) == 1:
             name = "mlp"
         else:
             raise UserError(
-                f"no model for inputs of shape {tuple(input_shape)}: give N x D features or N x C x H x W images"
+                f"no model for inputs of shape {tuple(input_shape)}: give N x D features, N x C x L time series or "
+                "N x C x H x W images"
             )
     factory = MODELS.get(name)
     model = factory(input_shape=tuple(input_shape), num_classes=num_classes, hidden=model_config.hidden)

@@ -1,8 +1,49 @@
 """Tennessee Eastman process (Downs & Vogel 1993), simulated with ``tep-studio``.
 
 The six operating modes of the plant (Ricker 1996's decentralized control, modified
-model of Bathelt, Ricker & Jelali 2015) are the domains ``mode1`` ... ``mode6``; the
-classes are normal operation and process faults (IDVs). How one domain is made:
+model of Bathelt, Ricker & Jelali 2015) are the domains ``mode1`` ... ``mode6``.
+
+**The windows benchmark** (the default, ``data.variant=windows``) is the domain-adaptation
+benchmark of Montesuma et al. (``eddardd/tep-domain-adaptation``: the windows in
+``benchmark/preprocessing/build_benchmark.py``, the scaling in ``benchmark/data/read_tep_data.py``,
+the encoder in ``benchmark/deep_learning/fully_convolutional.py``), simulated here instead of
+read from the Reinartz et al. (2021) runs the authors use:
+
+* 29 classes: normal operation and IDV(1) ... IDV(28), labels 0 ... 28.
+* A sample is a window of 34 variables x 600 samples, one sample every 3 min (30 h): the
+  authors' columns 1-23 and 43-53 of the Reinartz process data, whose column 0 is the
+  time, i.e. XMEAS(1..23) and XMV(2..12). (Their README names XMEAS(1..22) and
+  XMV(1..12) instead; the code, which built their data, is followed.) A faulty window is
+  the first 30 h after the fault's onset (their samples 600-1199), a normal window 30 h of
+  fault-free operation (their samples 0-599 of a run).
+* Each window is its own run: the plant settles fault-free in the mode (60 h, 70 h for
+  mode 5) once, plant and controller are snapshotted, and every window branches from the
+  snapshot with a noise stream of its own (seeded by ``data.seed``, mode, class, intensity
+  and attempt) and its fault switched on at the branch point.
+* Fault intensity: the authors take, per mode and IDV, the highest of Reinartz et al.'s
+  100, 75, 50 and 25 % runs that completed, and leave out runs that did not. Here a window
+  that ends in a plant shutdown is discarded and another noise stream tried; once as many
+  windows as wanted have shut down at an intensity, the next lower one is simulated (with
+  seed 0, only IDV(6), the A feed loss, trips: at 100 % in every mode, after 7-9 h).
+* ``data.windows_per_class`` windows per class and mode (default
+  :data:`DEFAULT_WINDOWS_PER_CLASS`; the authors have 100, less the runs that failed, about
+  2,880 a mode): each 30-h window costs about 1.6 s of CPU, so the authors' size would take
+  about 8 h of CPU for the six modes; the default takes about 45 min of CPU, 23 min on two
+  cores (docs/benchmarks.md has the measurements). ``data.window`` shortens the windows.
+* Scaling (``data.scaling=mode``, the authors' standardization): every variable of a mode
+  is centred and scaled by its mean and standard deviation over all windows and time steps
+  of that mode, so each mode, the unlabeled target included, is standardized by its own
+  input statistics (the authors' choice; no labels are used). The statistics come from the
+  mode's training split only, where the authors use all of the mode's windows (their 5
+  folds are drawn afterwards): the test windows stay unseen before evaluation. A variable
+  with no spread (XMV(5), XMV(9) and XMV(12) are held constant by this control strategy)
+  is only centred, where the authors divide it by its mean: constant either way.
+  ``data.scaling=none`` keeps the raw values (then ``data.normalization`` applies).
+* Inputs are (34, length) float32 arrays, channels first, for which ``model.name=auto``
+  picks the authors' fully convolutional encoder (:mod:`fedsim.models.cnn1d`).
+
+**The snapshot variants** (``data.variant=snapshot``: normal + IDV 1, 2, 4, 7, 13;
+``snapshot-hard``: adds IDV 8 and 17) are one 53-feature sample every 3 min:
 
 1. Start the plant in the mode (``TennesseeEastmanProcess.reset(mode=...)``) with the
    Ricker controller on the mode's setpoints, and run it fault-free for
@@ -16,13 +57,13 @@ classes are normal operation and process faults (IDVs). How one domain is made:
    the class's IDV on at the branch point, discard ``WARMUP_HOURS`` and then record
    one sample every ``SAMPLE_HOURS`` (3 min, as in the classic TEP data sets).
 
-A sample has 53 raw features: the 41 measurements XMEAS(1..41) followed by the 12
-manipulated variables XMV(1..12) as commanded by the controller (three of them,
-compressor recycle valve, stripper steam valve and agitator speed, are held constant
-by this control strategy). Features are float32 and *not* normalized (see
-:mod:`fedsim.data.normalization`). Everything is seeded from ``data.seed`` and built
-once per (mode, variant, samples per class, seed) into ``data.cache_dir``. The simulation
-itself lives in :mod:`fedsim.data.benchmarks.tep_simulation`.
+A snapshot sample has 53 raw features: the 41 measurements XMEAS(1..41) followed by the 12
+manipulated variables XMV(1..12) as commanded by the controller. They are float32 and *not*
+scaled by the benchmark (its default ``data.normalization`` is "federated", see
+:mod:`fedsim.data.normalization`).
+
+Everything is seeded from ``data.seed``; a mode is built once per (variant, size, seed)
+into ``data.cache_dir``. The simulation itself lives in :mod:`fedsim.data.benchmarks.tep_simulation`.
 """
 
 from __future__ import annotations
@@ -38,7 +79,7 @@ import numpy as np
 from fedsim.data.base import Benchmark, Domain
 from fedsim.data.benchmarks import tep_simulation
 from fedsim.data.benchmarks.options import check_domain, choice, count
-from fedsim.data.benchmarks.splits import split_domain
+from fedsim.data.benchmarks.splits import feature_domain, split_domain
 from fedsim.data.benchmarks.tep_simulation import MODES
 from fedsim.data.cache import load_arrays, save_arrays
 from fedsim.errors import UserError
@@ -46,24 +87,38 @@ from fedsim.registry import BENCHMARKS
 
 logger = logging.getLogger(__name__)
 
-VERSION = "v1"  # bump whenever the generated data changes, so old caches are not reused
-DEFAULT_FAULTS: tuple[str, ...] = ("idv_01", "idv_02", "idv_04", "idv_07", "idv_13")
+VERSION = "v1"  # bump whenever the generated snapshot data change, so old caches are not reused
+WINDOWS_VERSION = "w1"  # the same for the windows
+SNAPSHOT_FAULTS: tuple[str, ...] = ("idv_01", "idv_02", "idv_04", "idv_07", "idv_13")
+WINDOW_CLASSES: tuple[str, ...] = ("normal",) + tuple(f"idv_{i:02d}" for i in range(1, 29))
 VARIANTS: dict[str, tuple[str, ...]] = {
-    "default": ("normal",) + DEFAULT_FAULTS,
-    "hard": ("normal",) + DEFAULT_FAULTS + ("idv_08", "idv_17"),
+    "windows": WINDOW_CLASSES,
+    "snapshot": ("normal",) + SNAPSHOT_FAULTS,
+    "snapshot-hard": ("normal",) + SNAPSHOT_FAULTS + ("idv_08", "idv_17"),
 }
-DEFAULT_SAMPLES_PER_CLASS = 200  # train + test, per class and mode
+VARIANT_ALIASES = {"default": "windows"}
+SCALINGS = ("mode", "none")
+DEFAULT_WINDOWS_PER_CLASS = 10  # per class and mode, train + test: see the module docstring
+DEFAULT_SAMPLES_PER_CLASS = 200  # snapshot variants: train + test, per class and mode
 KEY_SPLIT = 1000  # + mode number
 KEY_SUBSAMPLE = 2000  # + mode number
+WINDOW_OPTIONS = ("windows_per_class", "window", "workers")
+SNAPSHOT_OPTIONS = ("samples_per_class",)
 
 
 def feature_names() -> list[str]:
-    """The 53 feature names: XMEAS(1..41) then XMV(1..12), as named by tep-studio."""
+    """The 53 snapshot feature names: XMEAS(1..41) then XMV(1..12), as named by tep-studio."""
     from tep_studio import TEP_SCHEMA
 
     meas = [f"xmeas_{i + 1:02d}_{v.name}" for i, v in enumerate(TEP_SCHEMA.measurements)]
     mvs = [f"xmv_{i + 1:02d}_{v.name}" for i, v in enumerate(TEP_SCHEMA.manipulated_variables)]
     return meas + mvs
+
+
+def window_variable_names() -> list[str]:
+    """The 34 channels of a window: XMEAS(1..23) then XMV(2..12), as named by tep-studio."""
+    names = feature_names()
+    return [names[i] for i in tep_simulation.WINDOW_MEASUREMENTS] + [names[41 + i] for i in tep_simulation.WINDOW_MVS]
 
 
 def _tep_version() -> str:
@@ -84,9 +139,28 @@ def _require_tep() -> None:
         ) from None
 
 
+def _variant(options) -> str:
+    return choice(options, "variant", "tep variant", sorted(VARIANTS), "windows", VARIANT_ALIASES)
+
+
+def _digest(settings: tuple) -> str:
+    return hashlib.sha256(repr(settings).encode("utf-8")).hexdigest()[:10]
+
+
+def mode_scaling(train_x: np.ndarray, *others: np.ndarray) -> tuple[np.ndarray, ...]:
+    """Standardize windows (N, variables, length) per variable by the mean and standard deviation of ``train_x``
+    over its windows and time steps; a variable without spread is only centred. Returns (train_x, *others)."""
+    data = np.asarray(train_x, dtype=np.float64)
+    mean = data.mean(axis=(0, 2))
+    std = data.std(axis=(0, 2))
+    std = np.where(std > np.maximum(1e-8, 1e-7 * np.abs(mean)), std, 1.0)
+    scale = [(np.asarray(x, np.float64) - mean[:, None]) / std[:, None] for x in (train_x,) + others]
+    return tuple(x.astype(np.float32) for x in scale)
+
+
 @BENCHMARKS.register("tep")
 class TEPBenchmark(Benchmark):
-    """Tennessee Eastman process (tep-studio): six operating modes, normal + faults, 53 raw features
+    """Tennessee Eastman process (tep-studio): six operating modes, 29 classes, windows of 34 variables x 600 steps
 
     Configuration read from the data section: ``seed``, ``cache_dir``,
     ``max_train_per_domain``, ``sources`` (the source modes; default: all modes but the
@@ -95,22 +169,54 @@ class TEPBenchmark(Benchmark):
 
     @dataclass(frozen=True)
     class Options:
-        """``data.variant``: "default" (normal + idv 01, 02, 04, 07, 13) or "hard" (adds idv 08 and 17);
-        ``data.samples_per_class``: train + test samples per class and mode (None: 200)."""
+        """``data.variant``: "windows" (or "default": the authors' 29-class windows), "snapshot" (53 features a
+        sample; normal + idv 01, 02, 04, 07, 13) or "snapshot-hard" (adds idv 08 and 17).
+        Windows: ``data.windows_per_class``: windows per class and mode, train + test (None: 10);
+        ``data.window``: samples per window (None: 600, 30 h); ``data.scaling``: "mode" (each mode standardized per
+        variable by its own statistics, the authors' scaling) or "none"; ``data.workers``: processes simulating a
+        mode's classes (None: one per core; 1: none besides the run's own).
+        Snapshots: ``data.samples_per_class``: train + test samples per class and mode (None: 200)."""
 
         variant: str = "default"
+        windows_per_class: Optional[int] = None
+        window: Optional[int] = None
+        scaling: str = "mode"
+        workers: Optional[int] = None
         samples_per_class: Optional[int] = None
 
         def __post_init__(self):
-            choice(self, "variant", "tep variant", sorted(VARIANTS), "default")
+            variant = _variant(self)
+            choice(self, "scaling", "tep scaling", SCALINGS, "mode")
+            count(self, "windows_per_class", "tep")
+            count(self, "window", "tep")
+            count(self, "workers", "tep", minimum=1)
             count(self, "samples_per_class", "tep")
-
-    default_normalization = "federated"  # one standardization shared by all clients, from their sums
-    default_target = "mode2"
+            windows = variant == "windows"
+            foreign = SNAPSHOT_OPTIONS if windows else WINDOW_OPTIONS
+            given = [f"data.{key}" for key in foreign if getattr(self, key) is not None]
+            if not windows and self.scaling not in ("", "mode"):
+                given.append("data.scaling")
+            if given:
+                kind = "the snapshot variants" if windows else "the windows variant (data.variant=windows)"
+                verb = "applies" if len(given) == 1 else "apply"
+                raise UserError(f"{', '.join(given)} only {verb} to {kind} of the tep benchmark, not to {variant}")
 
     @property
     def variant(self) -> str:
-        return choice(self.options, "variant", "tep variant", sorted(VARIANTS), "default")
+        return _variant(self.options)
+
+    @property
+    def windows(self) -> bool:
+        """Whether this is the windows benchmark (else a snapshot variant)."""
+        return self.variant == "windows"
+
+    @property
+    def default_normalization(self) -> str:
+        """Windows: "none", as the benchmark scales each mode itself (``data.scaling``); snapshots: "federated" (one
+        standardization shared by all clients, from their sums)."""
+        return "none" if self.windows else "federated"
+
+    default_target = "mode2"
 
     @property
     def classes(self) -> tuple[str, ...]:
@@ -118,51 +224,116 @@ class TEPBenchmark(Benchmark):
 
     @property
     def samples_per_class(self) -> int:
+        """Snapshot variants: samples per class and mode."""
         value = count(self.options, "samples_per_class", "tep")
         return DEFAULT_SAMPLES_PER_CLASS if value is None else value
+
+    @property
+    def windows_per_class(self) -> int:
+        value = count(self.options, "windows_per_class", "tep")
+        return DEFAULT_WINDOWS_PER_CLASS if value is None else value
+
+    @property
+    def window_length(self) -> int:
+        return count(self.options, "window", "tep") or tep_simulation.WINDOW_LENGTH
+
+    @property
+    def scaling(self) -> str:
+        return choice(self.options, "scaling", "tep scaling", SCALINGS, "mode")
+
+    def describe(self) -> str:
+        if not self.windows:
+            return (
+                f"Tennessee Eastman process (tep-studio), {self.variant} variant: six operating modes, "
+                f"{len(self.classes)} classes, 53 raw features, {self.samples_per_class} samples per class and mode"
+            )
+        return (
+            f"Tennessee Eastman process (tep-studio): six operating modes, 29 classes, windows of 34 variables x "
+            f"{self.window_length} steps, {self.windows_per_class} windows per class and mode, scaling {self.scaling}"
+        )
 
     def domains(self) -> list[str]:
         """All six modes (``data.sources`` narrows the federation in fedsim.data.scenario)."""
         return list(MODES)
 
-    def cache_name(self, domain: str) -> str:
-        """Cache file stem: version, variant, samples, seed, mode and a hash of every generation setting."""
-        sim = tep_simulation
-        settings = repr(
-            (
-                self.classes,
-                sim.SETTLE_HOURS[domain],
-                sim.WARMUP_HOURS,
-                sim.SAMPLE_HOURS,
-                sim.CONTROL_INTERVAL,
-                _tep_version(),
-            )
-        )
-        digest = hashlib.sha256(settings.encode("utf-8")).hexdigest()[:10]
-        return f"tep-{VERSION}-{self.variant}-n{self.samples_per_class}-seed{int(self.config.seed)}-{domain}-{digest}"
+    def window_timing(self, domain: str) -> tep_simulation.WindowTiming:
+        return tep_simulation.WindowTiming(tep_simulation.SETTLE_HOURS[domain], length=self.window_length)
 
-    def raw_arrays(self, domain: str) -> tuple[np.ndarray, np.ndarray]:
-        """All samples of one mode (before the split), from the cache or simulated now."""
+    def cache_name(self, domain: str) -> str:
+        """Cache file stem: version, variant, size, seed, mode and a hash of every generation setting."""
+        sim = tep_simulation
+        seed = int(self.config.seed)
+        if self.windows:
+            timing = self.window_timing(domain)
+            settings = (self.classes, timing, sim.WINDOW_MEASUREMENTS, sim.WINDOW_MVS, sim.INTENSITIES, _tep_version())
+            return (
+                f"tep-{WINDOWS_VERSION}-windows-n{self.windows_per_class}-l{self.window_length}-seed{seed}-{domain}-"
+                f"{_digest(settings)}"
+            )
+        settings = (
+            self.classes,
+            sim.SETTLE_HOURS[domain],
+            sim.WARMUP_HOURS,
+            sim.SAMPLE_HOURS,
+            sim.CONTROL_INTERVAL,
+            _tep_version(),
+        )
+        return f"tep-{VERSION}-{self.variant}-n{self.samples_per_class}-seed{seed}-{domain}-{_digest(settings)}"
+
+    def raw_arrays(self, domain: str) -> dict[str, np.ndarray]:
+        """All samples of one mode (before the split and scaling), from the cache or simulated now: ``x`` and
+        ``y``; windows also ``intensity`` and ``shutdowns`` per class (:func:`tep_simulation.simulate_windows`)."""
         name = self.cache_name(domain)
+        keys = {"x", "y", "intensity", "shutdowns"} if self.windows else {"x", "y"}
         cached = load_arrays(self.config.cache_dir, name)
-        if cached is not None and set(cached) == {"x", "y"}:
-            return cached["x"], cached["y"]
+        if cached is not None and set(cached) == keys:
+            return cached
         _require_tep()
         start = time.perf_counter()
-        x, y = tep_simulation.simulate_mode(domain, self.classes, self.samples_per_class, int(self.config.seed))
-        logger.info(
-            "tep: simulated %s (%d samples, %d classes) in %.1f s",
-            domain,
-            len(y),
-            len(self.classes),
-            time.perf_counter() - start,
-        )
-        save_arrays(self.config.cache_dir, name, {"x": x, "y": y})
-        return x, y
+        seed = int(self.config.seed)
+        if self.windows:
+            x, y, intensity, shutdowns = tep_simulation.simulate_windows(
+                domain,
+                self.classes,
+                self.windows_per_class,
+                seed,
+                timing=self.window_timing(domain),
+                workers=self.options.workers,
+            )
+            arrays = {"x": x, "y": y, "intensity": intensity, "shutdowns": shutdowns}
+            reduced = [f"{c} {i:.0%}" for c, i in zip(self.classes[1:], intensity[1:]) if i < 1.0]
+            logger.info(
+                "tep: simulated %s (%d windows of %d steps, %d classes) in %.1f s; %d shutdowns discarded%s",
+                domain,
+                len(y),
+                self.window_length,
+                len(self.classes),
+                time.perf_counter() - start,
+                int(shutdowns.sum()),
+                f"; reduced intensity: {', '.join(reduced)}" if reduced else "",
+            )
+        else:
+            x, y = tep_simulation.simulate_mode(domain, self.classes, self.samples_per_class, seed)
+            arrays = {"x": x, "y": y}
+            logger.info(
+                "tep: simulated %s (%d samples, %d classes) in %.1f s",
+                domain,
+                len(y),
+                len(self.classes),
+                time.perf_counter() - start,
+            )
+        save_arrays(self.config.cache_dir, name, arrays)
+        return arrays
 
     def build_domain(self, domain: str) -> Domain:
-        """One mode, split 80/20 stratified by class from ``data.seed``."""
+        """One mode, split 80/20 stratified by class from ``data.seed``; windows scaled by ``data.scaling``."""
         check_domain("tep", domain, MODES)
-        x, y = self.raw_arrays(domain)
+        arrays = self.raw_arrays(domain)
         key = MODES.index(domain) + 1
-        return split_domain(domain, x, y, len(self.classes), self.config, KEY_SPLIT + key, KEY_SUBSAMPLE + key)
+        built = split_domain(
+            domain, arrays["x"], arrays["y"], len(self.classes), self.config, KEY_SPLIT + key, KEY_SUBSAMPLE + key
+        )
+        if not self.windows or self.scaling == "none":
+            return built
+        train_x, test_x = mode_scaling(built.train_x, built.test_x)
+        return feature_domain(domain, train_x, built.train_y, test_x, built.test_y, built.num_classes)
