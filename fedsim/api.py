@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, Optional
 
-from fedsim.config import ExperimentConfig, keyword_values, load_config
+from fedsim.config import BACKBONE_MODELS, ExperimentConfig, keyword_values, load_config
 from fedsim.data.scenario import Federation, build_federation
 from fedsim.errors import UserError, unwrapped
 
@@ -65,6 +65,10 @@ def checked_federation(config: ExperimentConfig) -> Federation:
     from fedsim.registry import METHODS
 
     federation = build_federation(config.data)
+    if config.model.name in BACKBONE_MODELS:  # a ResNet: its checks, and a frozen backbone's features as the inputs
+        from fedsim.models.features import backbone_federation
+
+        federation = backbone_federation(config, federation)
     METHODS.get(config.method.name).check_setting(config, federation)
     return federation
 

@@ -68,6 +68,15 @@ class DataConfig:
     """The benchmark's own frozen dataclass (``Benchmark.Options``), set by ``data.<field>`` keys."""
 
 
+BACKBONE_MODELS: tuple[str, ...] = ("resnet18", "resnet50", "resnet101")
+"""The torchvision ResNets (:mod:`fedsim.models.resnet`): ``model.weights``, ``model.backbone`` and ``model.head``
+apply to them alone."""
+BACKBONES: tuple[str, ...] = ("frozen", "finetune")
+"""The values of ``model.backbone``, the default first."""
+HEADS: tuple[str, ...] = ("mlp", "linear")
+"""The values of ``model.head``, the default first."""
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     """The ``model`` section: which registered model the methods build, and its width."""
@@ -77,6 +86,36 @@ class ModelConfig:
     for images, ``mlp`` for feature vectors."""
     hidden: int = 128
     """The width of the encoder's output, the features the head classifies (the model function's ``hidden``)."""
+    weights: Optional[str] = None
+    """The ResNets only (:data:`BACKBONE_MODELS`): the backbone's weights, a file holding a state dict of that
+    architecture (``torch.save(model.state_dict(), PATH)``; torchvision's own files are such), or "torchvision":
+    torchvision's IMAGENET1K_V1 file in its own cache (``$TORCH_HOME/hub/checkpoints``), never downloaded. None:
+    random weights."""
+    backbone: Optional[str] = None
+    """The ResNets only: "frozen" (their default: each client computes the backbone's features once and caches them,
+    the head trains on them) or "finetune" (the whole network trains, as the papers do)."""
+    head: Optional[str] = None
+    """The ResNets only: "mlp" (their default: one hidden layer of ``hidden`` units, then the linear classifier) or
+    "linear" (the classifier on the backbone's features)."""
+
+    def __post_init__(self):
+        given = [f"model.{key}" for key in ("weights", "backbone", "head") if getattr(self, key) is not None]
+        if self.name not in BACKBONE_MODELS:
+            if given:
+                raise UserError(
+                    f"{', '.join(given)} {'apply' if len(given) > 1 else 'applies'} only to the ResNet models "
+                    f"({', '.join(BACKBONE_MODELS)}), not to "
+                    f"model.name={self.name}: leave {'them' if len(given) > 1 else 'it'} out or choose a ResNet"
+                )
+            return
+        for key, choices in (("backbone", BACKBONES), ("head", HEADS)):
+            value = getattr(self, key)
+            if value is None:
+                object.__setattr__(self, key, choices[0])
+            elif value not in choices:
+                raise UserError(f"model.{key}={value} is not one of {', '.join(choices)}: choose one of them")
+        if self.weights is not None and not str(self.weights).strip():
+            raise UserError(f"model.weights is empty: name a state-dict file of {self.name}, or torchvision")
 
 
 @dataclass(frozen=True)

@@ -82,3 +82,20 @@ def test_detectors_hold_convolutions_channels_last_and_save_c_ordered_weights(tm
         loaded = build_detector(DetectorSpec(num_classes=3, image_size=64, weights=str(path)))
         for key, value in loaded.state_dict().items():
             np.testing.assert_array_equal(value.contiguous().numpy(), saved[key], err_msg=key)
+
+
+def test_a_finetuned_resnet_holds_convolutions_channels_last_and_a_frozen_one_is_its_head():
+    pytest.importorskip("torchvision", reason="the ResNets are the optional detection extra")
+    config = SimpleNamespace(name="resnet18", hidden=16, weights=None, backbone="finetune", head="mlp")
+    torch.manual_seed(0)
+    net = build_model(config, (3, 32, 32), 10)
+    convs = [m.weight for m in net.modules() if isinstance(m, torch.nn.Conv2d)]
+    assert len(convs) == 20 and all(w.is_contiguous(memory_format=torch.channels_last) for w in convs)
+    arrays = model_to_numpy(net)
+    assert arrays["encoder.1.conv1.weight"].flags["C_CONTIGUOUS"] and arrays["head.weight"].shape == (10, 16)
+    assert not any(key.startswith("encoder.0.") for key in arrays)  # ImageNet's mean and std are not weights
+    net.eval()
+    with torch.no_grad():
+        assert net(torch.rand(2, 1, 32, 32)).shape == (2, 10)  # one channel: repeated to three
+    head = build_model(SimpleNamespace(name="resnet18", hidden=16), (512,), 10)  # frozen by default: the head
+    assert [tuple(p.shape) for p in head.parameters()] == [(16, 512), (16,), (10, 16), (10,)]

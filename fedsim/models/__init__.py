@@ -10,15 +10,23 @@ batch norms and poolings after them keep and the CPU kernels run faster than tor
 (``python -m tools.benchmarks.layout`` compares the two). The two layouts compute the same sums in another order.
 Weights leave a model C-ordered all the same (the methods send numpy copies of its state dict) and keep the model's
 layout when loaded back.
+
+A model function that declares a parameter named after one of :data:`SETTINGS` gets that ``model.<setting>`` too
+(the ResNets of :mod:`fedsim.models.resnet` take ``weights``, ``backbone`` and ``head``).
 """
 
 from __future__ import annotations
+
+import inspect
 
 import torch
 
 from fedsim.errors import UserError
 from fedsim.models.classifier import Classifier
 from fedsim.registry import MODELS
+
+SETTINGS = ("weights", "backbone", "head")
+"""``model`` settings passed to the model functions that declare a parameter of that name."""
 
 
 def build_model(model_config, input_shape: tuple[int, ...], num_classes: int) -> Classifier:
@@ -36,7 +44,9 @@ def build_model(model_config, input_shape: tuple[int, ...], num_classes: int) ->
                 "N x C x H x W images"
             )
     factory = MODELS.get(name)
-    model = factory(input_shape=tuple(input_shape), num_classes=num_classes, hidden=model_config.hidden)
+    declared = inspect.signature(factory).parameters
+    settings = {key: getattr(model_config, key, None) for key in SETTINGS if key in declared}
+    model = factory(input_shape=tuple(input_shape), num_classes=num_classes, hidden=model_config.hidden, **settings)
     return model.to(memory_format=torch.channels_last) if len(input_shape) == 3 else model
 
 

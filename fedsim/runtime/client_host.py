@@ -19,6 +19,7 @@ from fedsim.data.base import ClientData
 from fedsim.data.scenario import Federation, forget_domain_data, load_client_data
 from fedsim.errors import NumericalError
 from fedsim.messages import Instruction, Reply
+from fedsim.models.features import client_features
 from fedsim.runtime.numerics import check_tensors
 
 #: operations the host answers itself, for every method: the standardization setup stage
@@ -49,6 +50,7 @@ class ClientHost:
         self.config = config
         self.federation = federation
         self.client_ids = sorted(client_ids)
+        self.device = device
         self.method = METHODS.get(config.method.name)(config, federation, device=device)
         self.threads = threads_for(config.resources.cpus_per_client)
         self.vectorize = config.resources.vectorize
@@ -63,7 +65,9 @@ class ClientHost:
         if client_id not in self.client_ids:
             raise KeyError(f"client {client_id} is not hosted here (hosts {self.client_ids})")
         if client_id not in self._data:  # lazily: only clients that are asked to work build their data
-            self._data[client_id] = load_client_data(self.config.data, self.federation, client_id)
+            data = load_client_data(self.config.data, self.federation, client_id)
+            with torch_threads(self.threads):  # a frozen backbone's features: the same threads on every backend
+                self._data[client_id] = client_features(self.config, data, self.device)
             self._state[client_id] = self.method.init_client(self._data[client_id])
             domain = self.federation.info(client_id).domain
             self._unbuilt[domain] -= 1
