@@ -292,3 +292,14 @@ def test_a_frozen_head_is_not_built_for_images():
         build_model(ModelConfig(name="resnet18", backbone="finetune"), (20,), 3)
     head = build_model(ModelConfig(name="resnet18", head="linear"), (512,), 3)
     assert isinstance(head.encoder, torch.nn.Identity) and head.head.in_features == 512
+
+
+def test_fada_with_a_linear_head_is_one_line(tmp_path, capsys):
+    """FADA splits the model into generator and classifier: a linear head would leave the generator no weights."""
+    code, err = run_cli(tmp_path, capsys, "method.name=fada", "model.head=linear")
+    assert code == 2 and len(err) == 1, err
+    assert err[0] == (
+        "fedsim: error: fada splits the model into a feature generator and a classifier, and a linear head leaves "
+        "the generator no weights: pass --set model.head=mlp"
+    )
+    assert not (tmp_path / "out").exists()

@@ -90,6 +90,11 @@ class FADA(Method):
                 f"fada trains one target model on one target client, but the target domain has {count} clients: "
                 "pass --clients-per-domain 1"
             )
+        if getattr(config.model, "head", None) == "linear":
+            raise UserError(
+                "fada splits the model into a feature generator and a classifier, and a linear head leaves the "
+                "generator no weights: pass --set model.head=mlp"
+            )
 
     def build_net(self) -> FADANet:
         torch.manual_seed(derive_seed(self.config.run.seed, "model-init"))  # every client starts from the same weights
