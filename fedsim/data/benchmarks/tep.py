@@ -23,13 +23,17 @@ read from the Reinartz et al. (2021) runs the authors use:
 * Fault intensity: the authors take, per mode and IDV, the highest of Reinartz et al.'s
   100, 75, 50 and 25 % runs that completed, and leave out runs that did not. Here a window
   that ends in a plant shutdown is discarded and another noise stream tried; once as many
-  windows as wanted have shut down at an intensity, the next lower one is simulated (with
-  seed 0, only IDV(6), the A feed loss, trips: at 100 % in every mode, after 7-9 h).
+  windows as wanted have shut down at an intensity, the next lower one is simulated (seed 0,
+  one window per mode and IDV at 100 %: IDV(6), the A feed loss, trips the plant in every
+  mode after 6-9 h, IDV(13) in mode 5 after 20 h, every other IDV runs the 30 h).
 * ``data.windows_per_class`` windows per class and mode (default
   :data:`DEFAULT_WINDOWS_PER_CLASS`; the authors have 100, less the runs that failed, about
-  2,880 a mode): each 30-h window costs about 1.6 s of CPU, so the authors' size would take
-  about 8 h of CPU for the six modes; the default takes about 45 min of CPU, 23 min on two
+  2,880 a mode): each 30-h window costs about 1.5 s of CPU, so the authors' size would take
+  about 7 h of CPU for the six modes; the default takes about 43 min of CPU, 22 min on two
   cores (docs/benchmarks.md has the measurements). ``data.window`` shortens the windows.
+* A mode's classes are simulated in ``data.workers`` processes started by multiprocessing's
+  "spawn" method, which imports the main script again: a script that runs fedsim through
+  its API does so under ``if __name__ == "__main__":`` (or sets ``data.workers=1``).
 * Scaling (``data.scaling=mode``, the authors' standardization): every variable of a mode
   is centred and scaled by its mean and standard deviation over all windows and time steps
   of that mode, so each mode, the unlabeled target included, is standardized by its own
