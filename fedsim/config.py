@@ -79,11 +79,12 @@ HEADS: tuple[str, ...] = ("mlp", "linear")
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """The ``model`` section: which registered model the methods build, and its width."""
+    """The ``model`` section: which registered model the methods build, its width, and a ResNet's weights,
+    backbone and head."""
 
-    name: str = "auto"  # "auto" chooses from the input shape (cnn for images, mlp for vectors)
+    name: str = "auto"
     """The model's registered name (:data:`fedsim.registry.MODELS`); "auto" chooses from the input shape: ``cnn``
-    for images, ``mlp`` for feature vectors."""
+    for images, ``cnn1d`` for multichannel signals (channels x length), ``mlp`` for feature vectors."""
     hidden: int = 128
     """The width of the encoder's output, the features the head classifies (the model function's ``hidden``)."""
     weights: Optional[str] = None
