@@ -13,10 +13,12 @@ from fedsim.data.normalization import feature_stats, mean_std
 from fedsim.data.scenario import build_federation, load_client_data
 from fedsim.errors import UserError
 from fedsim.methods.common import dictionary as dil
+from fedsim.methods.common import dictionary_predictors as predictors
 from fedsim.methods.common import dictionary_sampling as sampling
 from fedsim.methods.common.training import load_numpy
 from fedsim.methods.dadil import DaDiL
 from fedsim.methods.feddadil import FedDaDiL
+from fedsim.ot.barycenter import labeled_barycenter
 from fedsim.runtime import Server
 
 SMALL = ["method.name=feddadil", "method.samples_per_atom=40", "method.batch_size=20", "method.classifier_steps=50"]
@@ -402,3 +404,89 @@ def test_reproduce_grids_reach_the_dictionary_stage():
             assert seen == {("digits", m, -1, r + DEFAULT_IMAGE_ENCODER_ROUNDS) for m, r in default.items()} | {
                 ("tep", m, 10, r + 10) for m, r in default.items()
             }
+
+
+def _linear(weight: torch.Tensor, bias: torch.Tensor) -> torch.nn.Module:
+    net = torch.nn.Linear(weight.shape[1], weight.shape[0], dtype=weight.dtype)
+    with torch.no_grad():
+        net.weight.copy_(weight)
+        net.bias.copy_(bias)
+    return net.eval()
+
+
+def test_dadil_e_sums_every_atom_nets_outputs_weighted_by_alpha(monkeypatch):
+    k, n, dim, classes = 3, 6, 4, 3
+    g = torch.Generator().manual_seed(0)
+    atoms_x = torch.randn(k, n, dim, generator=g, dtype=torch.float64)
+    atoms_logits = torch.randn(k, n, classes, generator=g, dtype=torch.float64)
+    x_test = torch.randn(7, dim, generator=g, dtype=torch.float64)
+    weights = torch.randn(k, classes, dim, generator=g, dtype=torch.float64)
+    biases = torch.randn(k, classes, generator=g, dtype=torch.float64)
+    fitted = []
+
+    def hand_made_net(x, y_soft, p, seed):  # the net of the j-th fit: weights[j], biases[j]
+        j = len(fitted) % k
+        fitted.append((x, y_soft, seed))
+        return _linear(weights[j], biases[j])
+
+    monkeypatch.setattr(predictors, "fit_classifier", hand_made_net)
+    p = dil.DictionaryParams()
+    outputs = torch.stack([x_test @ weights[j].T + biases[j] for j in range(k)])  # (K, rows, classes)
+
+    alpha = torch.tensor([0.5, 0.3, 0.2], dtype=torch.float64)
+    scores = predictors.ensemble_scores(atoms_x, atoms_logits, alpha, x_test, p, seed=7)
+    # one net per atom, each fit on that atom's rows and soft labels, from seed + k
+    assert [seed for _, _, seed in fitted] == [7, 8, 9]
+    for j, (x, y_soft, _) in enumerate(fitted):
+        assert torch.equal(x, atoms_x[j])
+        assert torch.equal(y_soft, torch.softmax(atoms_logits[j], -1))
+    expected = 0.5 * outputs[0] + 0.3 * outputs[1] + 0.2 * outputs[2]
+    torch.testing.assert_close(scores, expected, rtol=1e-12, atol=1e-12)
+    assert torch.equal(predictors.predict_ensemble(atoms_x, atoms_logits, alpha, x_test, p, 7), expected.argmax(1))
+    # no atom is skipped: all of alpha on atom j gives exactly net j's outputs, for every j
+    for j in range(k):
+        fitted.clear()
+        one_hot = torch.nn.functional.one_hot(torch.tensor(j), k).to(torch.float64)
+        torch.testing.assert_close(
+            predictors.ensemble_scores(atoms_x, atoms_logits, one_hot, x_test, p, 7), outputs[j], rtol=0, atol=0
+        )
+        assert len(fitted) == k
+
+
+def test_dadil_r_trains_on_the_reconstruction(monkeypatch):
+    k, n, dim, classes = 3, 12, 4, 3
+    g = torch.Generator().manual_seed(1)
+    atoms_x = torch.randn(k, n, dim, generator=g) + 3.0 * torch.arange(k, dtype=torch.float32)[:, None, None]
+    atoms_logits = 4.0 * torch.randn(k, n, classes, generator=g)
+    alpha = torch.tensor([0.5, 0.25, 0.25])
+    x_test = torch.randn(5, dim, generator=g)
+    net = _linear(torch.randn(classes, dim, generator=g), torch.randn(classes, generator=g))
+    trained = []
+
+    def recording_fit(x, y_soft, p, seed):
+        trained.append((x.detach().clone(), y_soft.detach().clone(), seed))
+        return net
+
+    monkeypatch.setattr(predictors, "fit_classifier", recording_fit)
+    p = dil.DictionaryParams()
+    predicted = predictors.predict_reconstruction(atoms_x, atoms_logits, alpha, x_test, p, seed=5)
+
+    soft = torch.softmax(atoms_logits, -1)
+    init = dil.random_support(soft, alpha, dim, torch.Generator().manual_seed(5))
+    xb, yb = labeled_barycenter(
+        list(atoms_x),
+        list(soft),
+        alpha,
+        n_iter=p.eval_barycenter_iterations,
+        tol=p.barycenter_tol,
+        beta=None,
+        init=init,
+    )
+    assert len(trained) == 1
+    x, y_soft, seed = trained[0]
+    assert seed == 5 and x.shape == (n, dim) and y_soft.shape == (n, classes)
+    torch.testing.assert_close(x, xb.detach(), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(y_soft, yb.detach(), rtol=1e-5, atol=1e-5)
+    # the reconstruction, not an atom: every atom is far from it (the atoms sit 3 apart along every feature)
+    assert all(float((x - atoms_x[j]).abs().max()) > 0.5 for j in range(k))
+    assert torch.equal(predicted, net(x_test).argmax(1))

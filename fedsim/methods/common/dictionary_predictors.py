@@ -61,14 +61,20 @@ def predict_reconstruction(atoms_x, atoms_logits, alpha, x_test, p: DictionaryPa
 
 
 @torch.no_grad()
-def predict_ensemble(atoms_x, atoms_logits, alpha, x_test, p: DictionaryParams, seed: int) -> torch.Tensor:
-    """DaDiL-E: one net per atom, their outputs (logits, as the authors' scripts weigh them) weighted by alpha."""
+def ensemble_scores(atoms_x, atoms_logits, alpha, x_test, p: DictionaryParams, seed: int) -> torch.Tensor:
+    """DaDiL-E's scores: one net per atom (atom k's net from seed + k), the sum over all K atoms of alpha_k times
+    net k's outputs (logits, as the authors' scripts weigh them)."""
     scores = 0.0
     for k in range(atoms_x.shape[0]):
         with torch.enable_grad():
             model = fit_classifier(atoms_x[k], torch.softmax(atoms_logits[k], -1), p, seed + k)
         scores = scores + alpha[k] * model(x_test)
-    return scores.argmax(1)
+    return scores
+
+
+def predict_ensemble(atoms_x, atoms_logits, alpha, x_test, p: DictionaryParams, seed: int) -> torch.Tensor:
+    """DaDiL-E: the class of the highest :func:`ensemble_scores`."""
+    return ensemble_scores(atoms_x, atoms_logits, alpha, x_test, p, seed).argmax(1)
 
 
 def evaluate_predictors(
