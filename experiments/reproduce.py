@@ -87,20 +87,27 @@ def _fresh_out(out: Optional[str], spec: PaperSpec, quick: bool) -> Path:
     return path
 
 
+#: a flag as the user types it -> its attribute on the parsed arguments
+FLAG_ATTRIBUTES = {
+    "PAPER": "paper",
+    "--spec": "spec",
+    "--quick": "quick",
+    "--seeds": "seeds",
+    "--resume": "resume",
+    "--backend": "backend",
+    "--address": "address",
+    "--data-dir": "data_dir",
+    "--data-root": "data_root",
+}
+
+
+def _given(args: argparse.Namespace, *flags: str) -> list[str]:
+    """Those of ``flags`` the command line set, in the order named."""
+    return [flag for flag in flags if getattr(args, FLAG_ATTRIBUTES[flag])]
+
+
 def _resumed(args: argparse.Namespace) -> tuple[PaperSpec, SweepSpec, Path]:
-    given = [
-        flag
-        for flag, value in (
-            ("PAPER", args.paper),
-            ("--spec", args.spec),
-            ("--quick", args.quick),
-            ("--seeds", args.seeds),
-            ("--backend", args.backend),
-            ("--data-dir", args.data_dir),
-            ("--data-root", args.data_root),
-        )
-        if value
-    ]
+    given = _given(args, "PAPER", "--spec", "--quick", "--seeds", "--backend", "--data-dir", "--data-root")
     if given:
         raise UserError(f"--resume takes the grid from the directory's {STATE_FILE}: drop {', '.join(given)}")
     if not args.out:
@@ -125,17 +132,7 @@ def write_tables(spec: PaperSpec, lines: list[dict], out: Path) -> list[Path]:
 
 def tables_only(args: argparse.Namespace) -> int:
     """``--tables-only``: table.md and claims.md of the finished reproduction in ``--out``, from its results.csv."""
-    given = [
-        flag
-        for flag, value in (
-            ("--resume", args.resume),
-            ("--backend", args.backend),
-            ("--address", args.address),
-            ("--data-dir", args.data_dir),
-            ("--data-root", args.data_root),
-        )
-        if value
-    ]
+    given = _given(args, "--resume", "--backend", "--address", "--data-dir", "--data-root")
     if given:
         raise UserError(f"--tables-only runs nothing: drop {', '.join(given)}")
     if not args.out:

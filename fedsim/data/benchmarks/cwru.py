@@ -167,33 +167,29 @@ def scan_load(folder: Path) -> dict[str, tuple[Path, Optional[str]]]:
     return entries
 
 
-def class_option(options) -> tuple[str, ...]:
-    """``data.classes``: known class names, no repeats (empty: choose the common ones)."""
-    names = tuple(str(c).strip().lower() for c in (getattr(options, "classes", None) or ()))
+def _named(options, field: str, known, kind: str, example: str, one: str) -> tuple[str, ...]:
+    """``data.<field>``: names among ``known``, each once, not a single one (``one`` says why)."""
+    names = tuple(str(n).strip().lower() for n in (getattr(options, field, None) or ()))
     for name in names:
-        if name not in CLASSES:
-            raise UserError(unknown_name_message("cwru class", name, list(CLASSES), "--set data.classes=a,b"))
+        if name not in known:
+            raise UserError(unknown_name_message(f"cwru {kind}", name, list(known), f"--set data.{field}={example}"))
     repeated = sorted({n for n in names if names.count(n) > 1})
     if repeated:
-        raise UserError(f"data.classes names {', '.join(repeated)} more than once: name each class once")
+        raise UserError(f"data.{field} names {', '.join(repeated)} more than once: name each {kind} once")
     if len(names) == 1:
-        raise UserError(f"data.classes names one class ({names[0]}): a task needs at least two")
+        raise UserError(f"data.{field} names one {kind} ({names[0]}): {one}")
     return names
+
+
+def class_option(options) -> tuple[str, ...]:
+    """``data.classes``: known class names, no repeats (empty: choose the common ones)."""
+    return _named(options, "classes", CLASSES, "class", "a,b", "a task needs at least two")
 
 
 def load_option(options) -> tuple[str, ...]:
     """``data.loads``: known loads, no repeats, at least two (empty: the authors' three plus the ones the task
     names)."""
-    names = tuple(str(d).strip().lower() for d in (getattr(options, "loads", None) or ()))
-    for name in names:
-        if name not in DOMAINS:
-            raise UserError(unknown_name_message("cwru load", name, list(DOMAINS), "--set data.loads=1hp,2hp,3hp"))
-    repeated = sorted({n for n in names if names.count(n) > 1})
-    if repeated:
-        raise UserError(f"data.loads names {', '.join(repeated)} more than once: name each load once")
-    if len(names) == 1:
-        raise UserError(f"data.loads names one load ({names[0]}): a task needs a source and a target")
-    return names
+    return _named(options, "loads", DOMAINS, "load", "1hp,2hp,3hp", "a task needs a source and a target")
 
 
 def choose_classes(files: dict[str, dict], loads: list[str], named: tuple[str, ...]) -> tuple[str, ...]:
