@@ -19,7 +19,7 @@ from fedsim.actors.client import KILL_ENV, KILL_PHASES
 from fedsim.actors.executor import ActorSpec, RayExecutor
 from fedsim.actors.plugins import actor_runtime_env, job_runtime_env, plugins_of
 from fedsim.actors.server import RemoteServer
-from fedsim.errors import UserError
+from fedsim.errors import UserError, first_line
 from fedsim.registry import METHODS
 
 log = logging.getLogger(__name__)
@@ -89,7 +89,7 @@ def connect(address: str | None, num_cpus: int | None = None, runtime_env: dict 
         if not runtime_env:
             raise
         raise UserError(
-            f"Ray refused the runtime environment {runtime_env!r} ({str(exc).splitlines()[0]}): fix ray.runtime_env"
+            f"Ray refused the runtime environment {runtime_env!r} ({first_line(exc)}): fix ray.runtime_env"
         ) from None
     return True
 

@@ -71,13 +71,15 @@ class ActorSpec:
     kill: str = ""  # the FEDSIM_TEST_KILL test hook (fedsim.actors.client), "" when unset
     runtime_env: Any = None  # the actors' Ray runtime environment (None: the job's, or the creating actor's)
 
+    def ray_options(self, **resources) -> dict[str, Any]:
+        """Ray's options for an actor of this run: ``resources``, and the run's runtime environment when it has
+        one."""
+        return {**resources, **({"runtime_env": self.runtime_env} if self.runtime_env else {})}
+
     def create(self, index: int):
-        options: dict[str, Any] = dict(num_cpus=self.num_cpus, num_gpus=self.num_gpus)
-        if self.runtime_env:
-            options["runtime_env"] = self.runtime_env
         return (
             ray.remote(ClientActor)
-            .options(**options)
+            .options(**self.ray_options(num_cpus=self.num_cpus, num_gpus=self.num_gpus))
             .remote(self.config, self.federation, list(self.hosted[index]), self.device, self.kill)
         )
 

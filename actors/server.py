@@ -69,9 +69,7 @@ class RemoteServer:
     def _launch(self) -> None:
         config, federation, executor, handoff = self._launch_args
         state = {} if handoff else None
-        options = {"num_cpus": 0}
-        if executor.spec.runtime_env:  # the run's plugins, where the job's environment does not carry them
-            options["runtime_env"] = executor.spec.runtime_env
+        options = executor.spec.ray_options(num_cpus=0)  # the run's plugins, where the job's environment lacks them
         self.actor = ray.remote(Server).options(**options).remote(config, federation, executor, state)
         self._started = self.actor.__ray_call__.remote(_start, handoff)
 

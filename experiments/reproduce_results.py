@@ -239,18 +239,22 @@ def paired_differences(
     return differences, unpaired
 
 
+def _favours(difference: float, strict: bool) -> bool:
+    """Whether one paired difference is in the claim's favour: above 0, or at or above 0 for a ``strict: false``
+    claim."""
+    return difference > 0 if strict else difference >= 0
+
+
 def judge(differences: list[float], strict: bool = True) -> str:
     """The verdict on one pair's paired differences (in the claim's favour when positive): **holds** when every
     difference is in its favour (above 0; at or above 0 for a ``strict: false`` claim) or their mean exceeds their
     sample standard deviation; **does not hold** when every difference is below 0 or minus their mean exceeds their
     std (the seeds separate the reverse order); otherwise **within the spread**. One difference has no std: only its
     sign counts (a tie under a strict claim is within the spread). No difference: not measurable."""
-    n = len(differences)
+    mean, std, n = mean_std(differences)
     if n == 0:
         return UNMEASURABLE
-    mean = float(np.mean(differences))
-    std = float(np.std(differences, ddof=1)) if n > 1 else None
-    favours = all(d >= 0 if not strict else d > 0 for d in differences) or (std is not None and mean > std)
+    favours = all(_favours(d, strict) for d in differences) or (std is not None and mean > std)
     if favours:
         return HOLDS
     if all(d < 0 for d in differences) or (std is not None and -mean > std):
@@ -266,9 +270,10 @@ def pair_text(differences: dict, unpaired: dict, strict: bool = True) -> str:
     """``+0.012 ± 0.004 (3/3 pairs in favour)``; one pair: ``+0.012 (1/1 pair in favour; one pair: no spread)``;
     seeds left out named after the count (``; seeds 3, 4 unpaired: no fada-III on mnistm``)."""
     d = list(differences.values())
-    favour = sum(1 for x in d if (x > 0 if strict else x >= 0))
+    favour = sum(_favours(x, strict) for x in d)
     if len(d) > 1:
-        text = f"{np.mean(d):+.3f} ± {np.std(d, ddof=1):.3f} ({favour}/{len(d)} pairs in favour"
+        mean, std, _ = mean_std(d)
+        text = f"{mean:+.3f} ± {std:.3f} ({favour}/{len(d)} pairs in favour"
     elif d:
         text = f"{d[0]:+.3f} ({favour}/1 pair in favour; one pair: no spread"
     else:

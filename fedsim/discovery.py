@@ -14,7 +14,7 @@ import importlib
 import pkgutil
 from dataclasses import dataclass
 
-from fedsim.errors import UserError
+from fedsim.errors import UserError, typed_first_line
 
 #: separates the module from the attribute in a dotted path (``module.path:Attribute``, as in entry points)
 PATH_SEPARATOR = ":"
@@ -40,11 +40,6 @@ def is_path(name: object) -> bool:
     return isinstance(name, str) and PATH_SEPARATOR in name
 
 
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return f"{type(exc).__name__}: {text.splitlines()[0]}" if text else type(exc).__name__
-
-
 def load_path(path: str, what: str) -> object:
     """The object ``module.path:Attribute`` names, imported; ``what`` (e.g. "method 'a.b:C'") names it in the one
     UserError line raised when the path is malformed, the module cannot be imported or lacks the attribute."""
@@ -66,7 +61,9 @@ def load_path(path: str, what: str) -> object:
             f"importing {module_name!r} for {what} failed: it needs the module {exc.name!r}, which is not installed"
         ) from None
     except Exception as exc:  # noqa: BLE001 (any error of the user's module becomes one line naming it)
-        raise UserError(f"importing {module_name!r} for {what} failed ({_first_line(exc)}): fix that module") from None
+        raise UserError(
+            f"importing {module_name!r} for {what} failed ({typed_first_line(exc)}): fix that module"
+        ) from None
     for depth, part in enumerate(attribute.split(".")):
         if not hasattr(obj, part):
             owner = ".".join([module_name] + attribute.split(".")[:depth])

@@ -70,6 +70,19 @@ def first_values(value, count: int = 5) -> str:
     return shown + (", ..." if flat.size > count else "")
 
 
+def first_line(exc: BaseException) -> str:
+    """The first line of an exception's message, or its type's name when the message is empty (for one-line
+    errors)."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def typed_first_line(exc: BaseException) -> str:
+    """:func:`first_line` after the exception's type: ``ValueError: bad value``."""
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0]}" if text else type(exc).__name__
+
+
 def unwrapped(exc: BaseException) -> BaseException:
     """The error a remote call raised, out of the wrappers a backend put around it: Ray's ``RayTaskError`` keeps it
     as ``.cause``, nested once per actor it passed through (a client actor, then the server actor)."""

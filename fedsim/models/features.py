@@ -59,7 +59,7 @@ BATCH = 32  # images per forward pass
 
 def uses_frozen_backbone(model_config) -> bool:
     """Whether the model is a ResNet whose backbone is frozen (its clients train on cached features)."""
-    return model_config.name in ARCHITECTURES and getattr(model_config, "backbone", None) in (None, "frozen")
+    return model_config.name in ARCHITECTURES and model_config.backbone == "frozen"
 
 
 def weights_key(arch: str, setting) -> str:

@@ -40,7 +40,7 @@ import torch
 from torch import nn
 
 from fedsim.config import BACKBONES, HEADS
-from fedsim.errors import MissingDependency, UserError
+from fedsim.errors import MissingDependency, UserError, first_line, typed_first_line
 from fedsim.models.classifier import Classifier
 from fedsim.registry import MODELS
 
@@ -66,9 +66,8 @@ def torchvision_models():
     try:
         import torchvision.models as models
     except (ImportError, RuntimeError) as exc:  # not installed, or built for another torch
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise MissingDependency(
-            f"the resnet models need a working torchvision ({type(exc).__name__}: {first}): {INSTALL}"
+            f"the resnet models need a working torchvision ({typed_first_line(exc)}): {INSTALL}"
         ) from None
     return models
 
@@ -150,8 +149,9 @@ def read_state(path: Path) -> dict[str, torch.Tensor]:
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # not a torch file, truncated, or pickled objects other than tensors
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise UserError(f"model.weights={path} cannot be read as a torch state dict ({first[:200]}): {how}") from None
+        raise UserError(
+            f"model.weights={path} cannot be read as a torch state dict ({first_line(exc)[:200]}): {how}"
+        ) from None
     if not isinstance(state, Mapping) or not all(isinstance(v, torch.Tensor) for v in state.values()):
         raise UserError(f"model.weights={path} holds a {type(state).__name__}, not a state dict of tensors: {how}")
     return {str(k): v for k, v in state.items() if not str(k).startswith("fc.")}

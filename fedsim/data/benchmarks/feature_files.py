@@ -9,12 +9,7 @@ from typing import Iterable, Optional
 import numpy as np
 
 from fedsim.data.validation import finite_float32
-from fedsim.errors import UserError
-
-
-def first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
+from fedsim.errors import UserError, first_line
 
 
 def root_folder(config, benchmark: str, what: str) -> Path:

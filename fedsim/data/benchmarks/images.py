@@ -42,11 +42,11 @@ from typing import Optional
 import numpy as np
 
 from fedsim.data.base import Benchmark, Domain
-from fedsim.data.benchmarks.feature_files import first_line, root_folder
+from fedsim.data.benchmarks.feature_files import root_folder
 from fedsim.data.benchmarks.options import check_domain, count
 from fedsim.data.benchmarks.splits import split_named_domain
 from fedsim.data.cache import load_arrays, save_arrays
-from fedsim.errors import UserError
+from fedsim.errors import UserError, first_line
 from fedsim.registry import BENCHMARKS
 
 logger = logging.getLogger(__name__)

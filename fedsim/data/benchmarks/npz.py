@@ -20,10 +20,10 @@ from typing import Optional
 import numpy as np
 
 from fedsim.data.base import Benchmark, Domain
-from fedsim.data.benchmarks.feature_files import first_line, is_real, root_folder
+from fedsim.data.benchmarks.feature_files import is_real, root_folder
 from fedsim.data.benchmarks.splits import feature_domain, limit_train, named_streams, split_named_domain
 from fedsim.data.validation import finite_float32
-from fedsim.errors import UserError
+from fedsim.errors import UserError, first_line
 from fedsim.registry import BENCHMARKS
 
 logger = logging.getLogger(__name__)

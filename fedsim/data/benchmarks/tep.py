@@ -86,6 +86,7 @@ from fedsim.data.benchmarks.options import check_domain, choice, count
 from fedsim.data.benchmarks.splits import feature_domain, split_domain
 from fedsim.data.benchmarks.tep_simulation import MODES
 from fedsim.data.cache import load_arrays, save_arrays
+from fedsim.data.normalization import MIN_STD
 from fedsim.errors import UserError
 from fedsim.registry import BENCHMARKS
 
@@ -157,7 +158,7 @@ def mode_scaling(train_x: np.ndarray, *others: np.ndarray) -> tuple[np.ndarray, 
     data = np.asarray(train_x, dtype=np.float64)
     mean = data.mean(axis=(0, 2))
     std = data.std(axis=(0, 2))
-    std = np.where(std > np.maximum(1e-8, 1e-7 * np.abs(mean)), std, 1.0)
+    std = np.where(std > np.maximum(MIN_STD, 1e-7 * np.abs(mean)), std, 1.0)
     scale = [(np.asarray(x, np.float64) - mean[:, None]) / std[:, None] for x in (train_x,) + others]
     return tuple(x.astype(np.float32) for x in scale)
 
