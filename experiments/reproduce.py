@@ -121,6 +121,19 @@ def _resumed(args: argparse.Namespace) -> tuple[PaperSpec, SweepSpec, Path]:
     return from_json((out / STATE_FILE).read_text()), SweepSpec.from_json((out / SPEC_FILE).read_text()), out
 
 
+def _spec_from_args(args: argparse.Namespace) -> PaperSpec:
+    """PAPER or --spec, shrunk by --quick and --seeds."""
+    seeds = parse_list("seeds", args.seeds, int, "0,1,2") if args.seeds else None
+    return shrink(load_spec(args.paper, args.spec), args.quick, seeds)
+
+
+def _print_tables(out: Path, what: str, written: list[Path]) -> None:
+    """The table and the claims just written to ``out``, then ``what`` and the files' names."""
+    print((out / "table.md").read_text())
+    print((out / "claims.md").read_text())
+    print(f"{what}: {', '.join(p.name for p in written)}")
+
+
 def write_tables(spec: PaperSpec, lines: list[dict], out: Path) -> list[Path]:
     """table.md and claims.md of the results table's ``lines``; returns the paths written."""
     written = []
@@ -139,8 +152,7 @@ def tables_only(args: argparse.Namespace) -> int:
         raise UserError("--tables-only needs --out DIR: the directory whose results.csv to read")
     out = Path(args.out)
     if args.paper or args.spec:
-        seeds = parse_list("seeds", args.seeds, int, "0,1,2") if args.seeds else None
-        spec = shrink(load_spec(args.paper, args.spec), args.quick, seeds)
+        spec = _spec_from_args(args)
     elif args.quick or args.seeds:
         raise UserError("--quick and --seeds go with PAPER or --spec: give the spec that made --out")
     elif (out / STATE_FILE).is_file():
@@ -149,9 +161,7 @@ def tables_only(args: argparse.Namespace) -> int:
         raise UserError(f"--out {args.out} holds no {STATE_FILE}: give the spec that made it (PAPER or --spec FILE)")
     written = write_tables(spec, read_results_csv(out / "results.csv", spec), out)
     if not args.quiet:
-        print((out / "table.md").read_text())
-        print((out / "claims.md").read_text())
-        print(f"tables of {spec.name} rewritten from {out / 'results.csv'}: {', '.join(p.name for p in written)}")
+        _print_tables(out, f"tables of {spec.name} rewritten from {out / 'results.csv'}", written)
     return 0
 
 
@@ -178,9 +188,7 @@ def run(args: argparse.Namespace) -> int:
     if args.resume:
         spec, sweep_spec, out = _resumed(args)
     else:
-        seeds = parse_list("seeds", args.seeds, int, "0,1,2") if args.seeds else None
-        spec = shrink(load_spec(args.paper, args.spec), args.quick, seeds)
-        spec = resolve_data_roots(spec, args.data_dir, parse_data_roots(args.data_root))
+        spec = resolve_data_roots(_spec_from_args(args), args.data_dir, parse_data_roots(args.data_root))
         sweep_spec = to_sweep(spec)
         sweep_spec.backend = args.backend or "ray"
         out = None
@@ -199,7 +207,5 @@ def run(args: argparse.Namespace) -> int:
     )
     written = write_outputs(spec, records, out)
     if not args.quiet:
-        print((out / "table.md").read_text())
-        print((out / "claims.md").read_text())
-        print(f"reproduction of {spec.name} in {out}: {', '.join(p.name for p in written)}")
+        _print_tables(out, f"reproduction of {spec.name} in {out}", written)
     return report_failures(records, "fedsim reproduce", out)
