@@ -44,10 +44,10 @@ from fedsim.errors import UserError
 from fedsim.models.resnet import (
     ARCHITECTURES,
     RANDOM_SEED,
+    checked_state,
     file_digest,
     frozen_backbone,
     image_shape_error,
-    load_trunk,
     weights_file,
 )
 
@@ -84,7 +84,7 @@ def backbone_federation(config, federation: Federation) -> Federation:
         )
     path = weights_file(arch, model.weights)
     if path is not None:
-        load_trunk(arch, path)  # one line now, before anything starts, for a file of another architecture
+        checked_state(arch, path)  # one line now, before anything starts, for a file of another architecture
     if frozen:
         return dataclasses.replace(federation, input_shape=(ARCHITECTURES[arch],))
     return federation

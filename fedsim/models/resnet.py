@@ -172,17 +172,24 @@ def mismatch(arch: str, state: Mapping[str, torch.Tensor]) -> str:
     return "; ".join(parts)
 
 
-def load_trunk(arch: str, path: Optional[Path]) -> nn.Module:
-    """``arch``'s trunk with the weights of ``path`` (None: as built); one line when the file is not of ``arch``."""
-    net = trunk(arch)
-    if path is None:
-        return net
+def checked_state(arch: str, path: Path) -> dict:
+    """The state dict of ``path``, checked against ``arch`` without building it; one line when it is of another
+    architecture."""
     state = read_state(path)
     problem = mismatch(arch, state)
     if problem:
         fits = [other for other in ARCHITECTURES if other != arch and not mismatch(other, state)]
         hint = f"it is a state dict of {fits[0]}: set model.name={fits[0]}" if fits else f"give a state dict of {arch}"
         raise UserError(f"model.weights={path} does not fit {arch}: {problem}; {hint}")
+    return state
+
+
+def load_trunk(arch: str, path: Optional[Path]) -> nn.Module:
+    """``arch``'s trunk with the weights of ``path`` (None: as built); one line when the file is not of ``arch``."""
+    net = trunk(arch)
+    if path is None:
+        return net
+    state = checked_state(arch, path)
     current = net.state_dict()
     net.load_state_dict({**{k: v for k, v in current.items() if k.endswith("num_batches_tracked")}, **state})
     return net
