@@ -44,8 +44,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--backend",
         choices=("ray", "local"),
-        help="inside each trial: ray (client actors, default) or local (clients in the trial's process: "
-        "no actor start-up, the same numbers; fastest for many small trials)",
+        help="inside each trial: ray (client actors) or local (clients in the trial's process: no actor start-up, "
+        "the same numbers; the grid runs as many trials at once as the machine has CPUs for). Default: local on the "
+        "fresh Ray cluster of this machine, ray with --address or when the spec asks for GPUs",
     )
     parser.add_argument(
         "--address", help="join an existing Ray cluster (host:port or auto); default: a fresh local cluster"
@@ -181,6 +182,16 @@ def write_outputs(spec: PaperSpec, records: list[dict], out: Path) -> list[Path]
     return written + write_plots(spec, records, lines, out)
 
 
+def default_backend(address, configs) -> str:
+    """The trials' backend when ``--backend`` is not given: ray when joining a cluster (its client actors spread
+    over the nodes) or when a trial asks for GPUs (the local backend runs on the CPU); otherwise local, so that a
+    grid on this machine keeps one trial per CPU running (``resources.cpus_per_client`` each, one torch thread per
+    CPU), where a Ray trial's coordinator bundle would leave a CPU idle on a small machine."""
+    if address or any(config.resources.gpus_per_client > 0 for config in configs):
+        return "ray"
+    return "local"
+
+
 def run(args: argparse.Namespace) -> int:
     """Check the spec and every trial's config, run (or resume) the grid, write the outputs."""
     if args.tables_only:
@@ -190,9 +201,10 @@ def run(args: argparse.Namespace) -> int:
     else:
         spec = resolve_data_roots(_spec_from_args(args), args.data_dir, parse_data_roots(args.data_root))
         sweep_spec = to_sweep(spec)
-        sweep_spec.backend = args.backend or "ray"
         out = None
     configs, clients = prepare(sweep_spec)
+    if not args.resume:
+        sweep_spec.backend = args.backend or default_backend(args.address, configs.values())
     if out is None:
         out = _fresh_out(args.out, spec, args.quick)
     records = run_grid(

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from dataclasses import dataclass
@@ -16,6 +17,7 @@ from fedsim.runtime.callbacks import Callback
 
 TRIAL_CPUS = 0.1  # head bundle: the trial coordinator only waits on the ServerActor
 RUNS_DIR = "runs"  # the trials' run directories (metrics.jsonl, summary.json, tb/), one per trial id
+CACHE_DIR = "cache"  # the stages the grid's trials share (run.cache_dir, unless the grid sets its own)
 
 
 @dataclass(frozen=True)
@@ -143,11 +145,20 @@ def run_trial(params: dict, spec_json: str = "", sweep_dir: str = "", plugins: O
     extra = ("run.progress=false",) + (
         ("run.backend=local",) if spec.backend == "local" else ("run.backend=ray", f"ray.max_actors={max(1, actors)}")
     )
-    config = spec.config_for(point, extra)
+    config = with_grid_cache(spec.config_for(point, extra), sweep_dir)
     out_dir = Path(sweep_dir) / RUNS_DIR / context.get_trial_id()
     reporter = TuneReport()
     result = run_experiment(config, out_dir, callbacks=default_callbacks(config, out_dir) + [reporter])
     tune.report(summary_row(result.summary, reporter.nodes))
+
+
+def with_grid_cache(config, sweep_dir: str):
+    """The trial's config with ``run.cache_dir`` at the grid's ``cache/`` when the grid sets none, so that the stages
+    its trials share (FedDaDiL's and DaDiL's encoder) are computed once per grid (per node, unless the sweep
+    directory is on a file system every node mounts)."""
+    if config.run.cache_dir is not None:
+        return config
+    return dataclasses.replace(config, run=dataclasses.replace(config.run, cache_dir=str(Path(sweep_dir) / CACHE_DIR)))
 
 
 def summary_row(summary: dict, nodes: str) -> dict:

@@ -178,6 +178,10 @@ class RunConfig:
     """Write TensorBoard events to ``tb/`` in the run directory."""
     progress: bool = True
     """Show a progress bar over the rounds."""
+    cache_dir: Optional[str] = None
+    """Where stages that runs share are kept once computed (FedDaDiL's and DaDiL's encoder stage;
+    :mod:`fedsim.methods.common.stage_cache`), keyed by all they depend on; the numbers are the same with or
+    without it. None: no such cache (``fedsim sweep`` and ``fedsim reproduce`` give each grid ``<out>/cache``)."""
 
 
 @dataclass(frozen=True)

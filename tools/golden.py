@@ -66,7 +66,13 @@ CASES = {
     "fada-I": ("vectors", ["method.name=fada", *FADA_FAST, "method.adversarial=false", "method.disentangle=false"]),
     "feddadil": (
         "vectors",
-        ["method.name=feddadil", "method.samples_per_atom=40", "method.batch_size=20", "method.classifier_steps=50"],
+        [
+            "method.name=feddadil",
+            "method.samples_per_atom=40",
+            "method.batch_size=20",
+            "method.classifier_steps=50",
+            "run.eval_every=1",
+        ],
     ),
     "feddadil-images": (
         "images",
@@ -79,11 +85,18 @@ CASES = {
             "method.batch_size=15",
             "method.classifier_steps=30",
             "run.rounds=3",
+            "run.eval_every=1",
         ],
     ),
     "dadil": (
         "vectors",
-        ["method.name=dadil", "method.samples_per_atom=40", "method.batch_size=20", "method.classifier_steps=50"],
+        [
+            "method.name=dadil",
+            "method.samples_per_atom=40",
+            "method.batch_size=20",
+            "method.classifier_steps=50",
+            "run.eval_every=1",
+        ],
     ),
     "fedod": ("scenes", ["method.name=fedod", "method.distill_iters=1"]),
     "fedod-baseline1": ("scenes", ["method.name=fedod", "method.mode=baseline1"]),

@@ -179,6 +179,9 @@ class Method:
         """The tensors that define the global model (compared across backends in tests)."""
         return dict(state.get("weights", {}))
 
+    def close(self) -> None:
+        """The run is over, finished or not: release what the server half holds (files, locks). Default: nothing."""
+
     # ---- client half ------------------------------------------------------
     def init_client(self, data: ClientData) -> Any:
         """A client's private state, built from its own data in the process that hosts it (default: None). Each of

@@ -32,7 +32,7 @@ from fedsim.messages import Instruction, Reply
 from fedsim.methods.base import ServerState, client_operation
 from fedsim.methods.common import dictionary as dil
 from fedsim.methods.common import dictionary_sampling as sampling
-from fedsim.methods.common.dictionary_predictors import evaluate_predictors
+from fedsim.methods.common.dictionary_predictors import EVAL_EVERY, evaluate_predictors
 from fedsim.methods.families.dictionary import DictionaryMethod
 from fedsim.registry import METHODS
 
@@ -44,7 +44,10 @@ class DaDiL(DictionaryMethod):
     Params = dil.CentralizedDictionaryParams
     centralized = True  # replies carry client data on purpose: the contract tests know this
     # parse_args_dadil: n_iter 40 (one epoch of n // n_b steps each), n_b = 200, K = 5 (DictionaryParams)
-    config_defaults = {"run": {"rounds": 40}, "method": {"batch_size": 200, "local_epochs": 1}}
+    config_defaults = {
+        "run": {"rounds": 40, "eval_every": EVAL_EVERY},
+        "method": {"batch_size": 200, "local_epochs": 1},
+    }
 
     # ---- server half ------------------------------------------------------
     def init_server(self) -> ServerState:

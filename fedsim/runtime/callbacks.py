@@ -18,6 +18,9 @@ class Callback:
     def on_run_start(self, simulator) -> None:
         pass
 
+    def on_round_start(self, simulator, rnd: int, evaluate: bool) -> None:
+        """Before round ``rnd`` runs; ``evaluate``: the round ends with an evaluation."""
+
     def on_round_end(self, simulator, metrics: dict) -> Optional[bool]:
         return None
 
@@ -103,10 +106,14 @@ class TensorBoard(Callback):
 
 
 class ProgressBar(Callback):
+    """A bar over the rounds; its text says when a round ends with an evaluation (which, for methods whose
+    evaluation trains predictors, can outlast many rounds) and how long the last evaluation took."""
+
     def __init__(self, total: int, description: str):
         self.total = total
         self.description = description
         self.bar = None
+        self.shown: dict[str, str] = {}
 
     def on_run_start(self, simulator) -> None:
         from tqdm.auto import tqdm
@@ -115,13 +122,20 @@ class ProgressBar(Callback):
             total=self.total, desc=self.description, unit="round", dynamic_ncols=True, initial=len(simulator.history)
         )
 
+    def on_round_start(self, simulator, rnd: int, evaluate: bool) -> None:
+        if evaluate:
+            self.bar.set_postfix({**self.shown, "now": f"round {rnd}, then its evaluation"})
+
     def on_round_end(self, simulator, metrics: dict) -> None:
         shown = {}
         if "target_accuracy" in metrics:
             shown["target"] = f"{metrics['target_accuracy']:.3f}"
         if "mean_source_accuracy" in metrics:
             shown["sources"] = f"{metrics['mean_source_accuracy']:.3f}"
-        self.bar.set_postfix(shown)
+        if "eval_seconds" in metrics:
+            shown["last evaluation"] = f"{metrics['eval_seconds']:.1f}s"
+        self.shown = {**self.shown, **shown}
+        self.bar.set_postfix(self.shown)
         self.bar.update(1)
 
     def on_run_end(self, simulator, summary: dict) -> None:

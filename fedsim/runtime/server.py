@@ -143,4 +143,7 @@ class Server:
         return self.method.global_tensors(self.state)
 
     def close(self) -> None:
-        self.executor.close()
+        try:
+            self.method.close()
+        finally:
+            self.executor.close()

@@ -73,6 +73,8 @@ class Simulator:
         every = self.config.run.checkpoint_every
         for rnd in range(first_round, rounds + 1):
             evaluate = rnd % self.config.run.eval_every == 0 or rnd == rounds
+            for callback in self.callbacks:
+                callback.on_round_start(self, rnd, evaluate)
             try:
                 metrics = self.server.run_round(rnd, evaluate)
             except NumericalError as exc:  # one line for the user, the checkpoint left as it was

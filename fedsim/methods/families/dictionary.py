@@ -31,6 +31,7 @@ from fedsim.methods.base import Method, ServerState, client_operation
 from fedsim.methods.common.aggregation import federated_average
 from fedsim.methods.common.classifier import GlobalClassifier
 from fedsim.methods.common.dictionary import atom_tensors, check_batch_size, num_atoms
+from fedsim.methods.common.stage_cache import StageCache, library_versions
 from fedsim.methods.common.training import encode_in_chunks, load_numpy, model_to_numpy
 
 logger = logging.getLogger(__name__)
@@ -61,6 +62,42 @@ class EncoderStage:
         self.uses_encoder = self.rounds > 0
         self.feature_dim = host.config.model.hidden if self.uses_encoder else federation.input_shape[0]
         self.classifier = GlobalClassifier(host.config, federation, self.device) if self.uses_encoder else None
+        cache_dir = host.config.run.cache_dir
+        self.cache = (
+            StageCache(cache_dir, "encoder", self.cache_parts(), self.rounds)
+            if cache_dir and self.uses_encoder
+            else None
+        )
+
+    def cache_parts(self) -> dict:
+        """Everything the encoder stage's result depends on: the data and model sections, the run's seed and client
+        sampling, the local settings of each encoder round, batched clients, the device and the library versions
+        (not the method: FedDaDiL and DaDiL with the same settings train the same encoder)."""
+        config = self.host.config
+        data = {k: v for k, v in config.to_dict()["data"].items() if k != "cache_dir"}
+        return {
+            "data": data,
+            "model": config.to_dict()["model"],
+            "seed": config.run.seed,
+            "clients_per_round": config.run.clients_per_round,
+            "vectorize": config.resources.vectorize,
+            "rounds": self.rounds,
+            "local": [dataclasses.asdict(self.round_settings(r)) for r in range(1, self.rounds + 1)],
+            "device": str(self.device),
+            "versions": library_versions(),
+        }
+
+    def round_settings(self, rnd: int):
+        """The local settings of encoder round ``rnd``: the method's, with ``encoder_epochs`` epochs when set."""
+        settings = self.host.client_settings(rnd)
+        if self.host.params.encoder_epochs:
+            settings = dataclasses.replace(settings, local_epochs=self.host.params.encoder_epochs)
+        return settings
+
+    def close(self) -> None:
+        """Let other runs waiting for this encoder go on when this run stops before the stage's end."""
+        if self.cache is not None:
+            self.cache.release()
 
     @staticmethod
     def check_setting(requested_rounds: int, federation, total_rounds: int) -> None:
@@ -88,13 +125,20 @@ class EncoderStage:
 
     def run_round(self, ctx, state: ServerState) -> tuple[ServerState, dict]:
         """One FedAvg round on the sampled sources (clients ``fit``), their weights averaged by sample count; the
-        local epochs are ``encoder_epochs`` when set, so that studies of E share one encoder."""
+        local epochs are ``encoder_epochs`` when set, so that studies of E share one encoder. With ``run.cache_dir``
+        the round is read from the stage cache when another run computed it (``encoder_cache: hit``)."""
+        if self.cache is not None:
+            if ctx.round == 1:
+                self.cache.begin()
+            stored = self.cache.replay(ctx.round)
+            if stored is not None:
+                weights, metrics = stored
+                return {**state, "weights": weights}, {**metrics, "stage": "encoder", "encoder_cache": "hit"}
         clients = self.host.sample_clients(ctx.round, self.federation.source_ids)
-        settings = self.host.client_settings(ctx.round)
-        if self.host.params.encoder_epochs:
-            settings = dataclasses.replace(settings, local_epochs=self.host.params.encoder_epochs)
-        replies = ctx.call("fit", state["weights"], clients, local=settings)
+        replies = ctx.call("fit", state["weights"], clients, local=self.round_settings(ctx.round))
         weights, metrics = federated_average(replies)
+        if self.cache is not None:
+            self.cache.record(ctx.round, weights, metrics)
         return {**state, "weights": weights}, {**metrics, "stage": "encoder"}
 
     def evaluate_round(self, ctx, state: ServerState) -> dict:
@@ -176,6 +220,9 @@ class DictionaryMethod(Method):
 
     def global_tensors(self, state: ServerState) -> dict:
         return {**atom_tensors(state), **state.get("weights", {})}
+
+    def close(self) -> None:
+        self.encoder.close()
 
     @client_operation
     def fit(self, instruction: Instruction, state: Any, data: ClientData) -> tuple[Reply, Any]:

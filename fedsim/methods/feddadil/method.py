@@ -39,7 +39,7 @@ from fedsim.messages import Instruction, Reply
 from fedsim.methods.base import ServerState, client_operation
 from fedsim.methods.common import dictionary as dil
 from fedsim.methods.common import dictionary_sampling as sampling
-from fedsim.methods.common.dictionary_predictors import evaluate_predictors
+from fedsim.methods.common.dictionary_predictors import EVAL_EVERY, evaluate_predictors
 from fedsim.methods.families.dictionary import DictionaryMethod
 from fedsim.methods.feddadil.aggregation import aggregate_versions
 from fedsim.registry import METHODS
@@ -51,8 +51,12 @@ class FedDaDiL(DictionaryMethod):
     """FedDaDiL (Castellon, Montesuma et al. 2024): a shared dictionary of labeled atoms, alpha stays private."""
 
     Params = dil.DictionaryParams
-    # the authors' parse_args_fed_dadil: 50 rounds (n_iter), n_b = 200 (batch_size), E = 5 (n_client_it), momentum 0.9
-    config_defaults = {"run": {"rounds": 50}, "method": {"batch_size": 200, "local_epochs": 5, "momentum": 0.9}}
+    # the authors' parse_args_fed_dadil: 50 rounds (n_iter), n_b = 200 (batch_size), E = 5 (n_client_it), momentum 0.9;
+    # an evaluation every EVAL_EVERY rounds (and after the last): fedsim's cadence, see dictionary_predictors
+    config_defaults = {
+        "run": {"rounds": 50, "eval_every": EVAL_EVERY},
+        "method": {"batch_size": 200, "local_epochs": 5, "momentum": 0.9},
+    }
 
     # ---- server half ------------------------------------------------------
     def init_server(self) -> ServerState:
