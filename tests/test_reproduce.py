@@ -604,3 +604,15 @@ def test_round_curves_average_the_seeds_and_spread_by_their_sample_std():
     assert rounds == [1, 2] and mean == [25.0, 6.0]
     assert spread == pytest.approx([2**0.5 * 10, 2**0.5])  # sample std of (15, 35) and (5, 7)
     assert _by_round(seeds[:1], "dil_loss")[2] == [0.0, 0.0]
+
+
+def test_trials_run_in_process_on_this_machine_and_on_client_actors_on_a_cluster_or_gpus():
+    """Without --backend: a grid on this machine's own cluster keeps one trial per CPU running (local backend);
+    joining a cluster or asking for GPUs puts the clients on Ray actors."""
+    from fedsim.config import load_config
+    from fedsim.experiments.reproduce import default_backend
+
+    cpu, gpu = load_config(None, []), load_config(None, ["resources.gpus_per_client=0.5"])
+    assert default_backend(None, [cpu, cpu]) == "local"
+    assert default_backend("auto", [cpu]) == "ray"
+    assert default_backend(None, [cpu, gpu]) == "ray"

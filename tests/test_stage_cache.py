@@ -132,3 +132,31 @@ def test_a_corrupt_entry_is_computed_again(tmp_path):
     (tmp_path / f"{cache.name}.npz").write_bytes(b"not a zip file")
     again = StageCache(str(tmp_path), "encoder", {"k": 1}, rounds=1)
     assert again.begin() is False
+
+
+def test_a_grid_trains_each_encoder_once_per_target_and_seed(toy_root, tmp_path):
+    """fedsim reproduce with FedDaDiL and DaDiL on two seeds: two encoders trained, each read by the other run."""
+    import yaml
+
+    from fedsim.experiments.cli import main
+
+    settings = [f for f in SMALL if not f.startswith(("run.backend", "run.eval_every"))] + ["run.rounds=3"]
+    spec = {
+        "paper": "encoder sharing",
+        "seeds": [0, 1],
+        "set": ["run.progress=false", "data.target=dom1", *settings],
+        "benchmarks": {"npz": {"set": [f"data.root={toy_root}"], "targets": ["dom1"]}},
+        "runs": {"feddadil": {"set": ["method.name=feddadil"]}, "dadil": {"set": ["method.name=dadil"]}},
+        "rows": [{"name": "feddadil"}, {"name": "dadil"}],
+    }
+    spec_file = tmp_path / "spec.yaml"
+    spec_file.write_text(yaml.safe_dump(spec))
+    out = tmp_path / "out"
+    assert main(["reproduce", "--spec", str(spec_file), "--out", str(out)]) == 0
+    assert len(list((out / "cache").glob("encoder-*.npz"))) == 2
+    hits = {}
+    for run_dir in (out / "runs").iterdir():
+        rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+        seed = yaml.safe_load((run_dir / "config.yaml").read_text())["run"]["seed"]
+        hits.setdefault(seed, []).append(str([r.get("encoder_cache") for r in rows[:2]]))
+    assert {seed: sorted(h) for seed, h in hits.items()} == {s: ["['hit', 'hit']", "[None, None]"] for s in (0, 1)}
