@@ -228,6 +228,56 @@ class RayConfig:
             )
 
 
+@dataclass(frozen=True)
+class ClientsConfig:
+    """The ``clients`` section: source clients that are unavailable, fail mid-round or lag, on a simulated clock
+    (:mod:`fedsim.runtime.unreliable`, ``docs/unreliable.md``). The defaults turn it all off."""
+
+    availability: float = 1.0
+    """The probability that a source client is available in a round, drawn per round and client from the seed;
+    a sampled client that is unavailable gets nothing and sends nothing."""
+    availability_trace: Optional[str] = None
+    """A CSV (``round,client`` rows) or JSON (``{"round": [client ids]}``) file of the clients available in each
+    round it lists; rounds it does not list have every client available. Applies together with ``availability``."""
+    failure_rate: float = 0.0
+    """The probability that a source client fails in a call after it received its instruction, drawn per round,
+    client and call: its reply is lost."""
+    on_failure: str = "drop"
+    """After a failure: "drop" (the method aggregates the replies that arrived; the client is gone for the rest of
+    the round) or "wait" (the client redoes the work until it answers: same numbers, more time and bytes)."""
+    speed_spread: float = 0.0
+    """The spread (sigma of the log) of the lognormal factors, median 1, of each client's compute and link speed,
+    drawn once per run and client from the seed; 0: every client equal."""
+    speed_trace: Optional[str] = None
+    """A CSV (``client,speed,link_mbps`` rows) or JSON (``{"client": {"speed": s, "link_mbps": m}}``) file of
+    per-client compute speed factors and link speeds; it replaces the drawn values of the clients it lists."""
+    seconds_per_sample: float = 0.001
+    """Simulated compute seconds for one training sample and local epoch on a client of speed 1."""
+    link_mbps: float = 100.0
+    """The median link speed of a client in megabits per second (both directions)."""
+    deadline_seconds: Optional[float] = None
+    """The simulated seconds a call waits for its sources' replies: a later reply is discarded (the source is a
+    dropped straggler for the rest of the round). None: wait for every reply."""
+    clock: bool = False
+    """Report the simulated clock and who answered (``virtual_seconds``, ``clients_answered``) with every other
+    key of this section at its default; any other setting reports them too."""
+
+    @property
+    def active(self) -> bool:
+        """Whether any key differs from its default (the simulation and its metrics are on)."""
+        return self != ClientsConfig()
+
+    @property
+    def drops_replies(self) -> bool:
+        """Whether a source's reply can go missing (unavailable, failed and dropped, or late)."""
+        return (
+            self.availability < 1
+            or self.availability_trace is not None
+            or (self.failure_rate > 0 and self.on_failure == "drop")
+            or self.deadline_seconds is not None
+        )
+
+
 MOVED_KEYS = {
     "run.inject_faults": "ray.inject_faults",
     "resources.max_restarts": "ray.max_restarts",
@@ -271,6 +321,9 @@ class ExperimentConfig:
     """The ``resources`` section: CPUs and GPUs per client, batched clients."""
     ray: RayConfig = field(default_factory=RayConfig)
     """The ``ray`` section: settings of the Ray backend only."""
+    clients: ClientsConfig = field(default_factory=ClientsConfig)
+    """The ``clients`` section: unavailable, failing and slow source clients on a simulated clock (off by
+    default)."""
 
     def to_dict(self) -> dict:
         """Nested dicts of plain values, one per section (the form of ``config.yaml``; :func:`to_plain`)."""

@@ -181,13 +181,79 @@ def _resource_checks(resources, ray) -> list[tuple[bool, str]]:
     ]
 
 
+def _trace_check(key: str, path) -> tuple[bool, str]:
+    ok = path is None or str(path).lower().endswith((".csv", ".json"))
+    return ok, f"clients.{key} must name a .csv or .json file, got {path!r}: see docs/unreliable.md for the format"
+
+
+def _clients_checks(clients) -> list[tuple[bool, str]]:
+    return [
+        (
+            0 < clients.availability <= 1,
+            f"clients.availability must be in (0, 1], got {clients.availability}: the probability that a source "
+            "client is available in a round (1: always)",
+        ),
+        (
+            0 <= clients.failure_rate < 1,
+            f"clients.failure_rate must be in [0, 1), got {clients.failure_rate}: the probability that a call's "
+            "reply is lost (0: never)",
+        ),
+        (
+            clients.on_failure in ("drop", "wait"),
+            f"clients.on_failure must be 'drop' or 'wait', got {clients.on_failure!r}",
+        ),
+        (
+            clients.speed_spread >= 0,
+            f"clients.speed_spread must be 0 (equal clients) or more, got {clients.speed_spread}",
+        ),
+        (
+            clients.seconds_per_sample > 0,
+            f"clients.seconds_per_sample must be positive, got {clients.seconds_per_sample}",
+        ),
+        (clients.link_mbps > 0, f"clients.link_mbps must be positive, got {clients.link_mbps}"),
+        (
+            clients.deadline_seconds is None or clients.deadline_seconds > 0,
+            f"clients.deadline_seconds must be positive, got {clients.deadline_seconds}: or leave it out (no deadline)",
+        ),
+        _trace_check("availability_trace", clients.availability_trace),
+        _trace_check("speed_trace", clients.speed_trace),
+    ]
+
+
+def check_missing_replies(config) -> None:
+    """Refuse settings that lose sources' replies for a method that needs every reply it asks for (its
+    ``copes_with_missing_replies``, else the built-in list of :data:`COPES_WITH_MISSING_REPLIES`)."""
+    from fedsim.registry import METHODS
+
+    clients = config.clients
+    if not clients.drops_replies:
+        return
+    method_cls = METHODS.get(config.method.name)
+    copes = getattr(method_cls, "copes_with_missing_replies", None)
+    if copes is None:
+        copes = config.method.name in COPES_WITH_MISSING_REPLIES
+    if not copes:
+        raise UserError(
+            f"method {config.method.name!r} needs every reply it asks for, so clients.availability, "
+            "clients.availability_trace, clients.failure_rate with on_failure=drop and clients.deadline_seconds "
+            f"cannot apply to it: leave them at their defaults or use one of {', '.join(COPES_WITH_MISSING_REPLIES)}"
+        )
+
+
+COPES_WITH_MISSING_REPLIES = ("fedavg", "fedprox", "fedbn", "fedrep", "feddann", "fedmmd")
+"""The built-in methods that aggregate whatever replies arrive (a method class may say so itself with a
+``copes_with_missing_replies`` attribute)."""
+
+
 def validate(config) -> None:
     """Range checks that do not need the data; the first failing one raises."""
     checks = _method_and_run_checks(config) + _data_checks(config.data)
     checks += _resource_checks(config.resources, config.ray)
+    checks += _clients_checks(config.clients)
     for ok, message in checks:
         if not ok:
             raise UserError(message)
+    check_missing_replies(config)
 
 
 def check_task_pair(method_cls, benchmark_name: str) -> None:

@@ -5,7 +5,8 @@
 ``call`` builds one Instruction per client with the round, the seed derived from (root seed, round, client,
 operation) and the round's local-update settings, runs them through the executor (serially, or on Ray actors),
 and counts the bytes of what crossed the wire. It behaves the same on every backend, so a method never sees which
-one it runs on.
+one it runs on. With unreliable clients (the ``clients`` section, :mod:`fedsim.runtime.unreliable`) a training
+call's missing sources are left out of the replies; setup stages and the evaluation (``evaluating``) never are.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 from typing import Callable, Iterable, Mapping, Optional, TypeVar, Union
 
 from fedsim.messages import Instruction, LocalSettings, Reply, Tensors, Value
+from fedsim.runtime.unreliable import RoundClients
 from fedsim.seeding import derive_seed
 
 T = TypeVar("T")
@@ -23,14 +25,24 @@ NO_TENSORS: Tensors = {}  # one shared object: a backend serializes a payload on
 class RoundContext:
     """One round's exchanges. ``local`` is the round's local-update settings, which every instruction carries;
     ``setup=True`` marks a setup stage (data standardization) that a backend replays on a client process it has
-    to recreate."""
+    to recreate; ``clients`` the round's unreliable clients (None: every client answers)."""
 
-    def __init__(self, executor, root_seed: int, rnd: int, local: Optional[LocalSettings] = None, setup: bool = False):
+    def __init__(
+        self,
+        executor,
+        root_seed: int,
+        rnd: int,
+        local: Optional[LocalSettings] = None,
+        setup: bool = False,
+        clients: Optional[RoundClients] = None,
+    ):
         self.executor = executor
         self.root_seed = root_seed
         self.round = rnd
         self.local = local
         self.setup = setup
+        self.clients = clients
+        self.evaluating = False  # set by the server around the evaluation: every client answers it
 
     def seed(self, client_id: int, operation: str) -> int:
         """Seed of one client operation in this round, independent of scheduling (also for server-side steps)."""
@@ -64,7 +76,9 @@ class RoundContext:
                 local=self.local if local is None else local,
                 values=_for_client(values, cid) or {},
             )
-        return self.executor.run(instructions, self.round, replay=self.setup)
+        if self.clients is None or self.setup or self.evaluating or not instructions:
+            return self.executor.run(instructions, self.round, replay=self.setup)
+        return self.clients.call(self.executor, operation, instructions)
 
 
 def _for_client(value: PerClient[T], client_id: int) -> Optional[T]:

@@ -13,6 +13,7 @@ from fedsim.data.scenario import Federation
 from fedsim.errors import NumericalError, unwrapped
 from fedsim.runtime.context import RoundContext
 from fedsim.runtime.numerics import check_tensors
+from fedsim.runtime.unreliable import NoClientAnswered, UnreliableClients
 
 #: torch threads of the server half on every backend (the Ray ServerActor asks for no CPU and runs one
 #: thread): float reductions depend on the thread count, so server-side training (centralized baselines,
@@ -62,26 +63,46 @@ class Server:
         self.state = self.method.init_server() if state is None else state
         self._restarts_seen = 0
         self._placement_recorded = False
-        self._bytes_mark: Optional[tuple[int, int]] = None  # counters before a setup stage: counted in the next round
+        self._bytes_mark: Optional[tuple] = None  # counters before a setup stage: counted in the next round
+        self.unreliable: Optional[UnreliableClients] = None  # the clients section's draws, made by unreliable_clients
+
+    def unreliable_clients(self) -> Optional[UnreliableClients]:
+        """The run's unreliable clients (None when the ``clients`` section is off); its trace files are read on
+        first use (in :meth:`setup`, before a run writes anything)."""
+        if self.unreliable is None and self.config.clients.active:
+            self.unreliable = UnreliableClients(self.config.clients, self.federation, self.config.run.seed)
+        return self.unreliable
 
     def context(self, rnd: int, setup: bool = False) -> RoundContext:
-        return RoundContext(self.executor, self.config.run.seed, rnd, self.method.client_settings(rnd), setup=setup)
+        unreliable = None if setup else self.unreliable_clients()
+        clients = None if unreliable is None else unreliable.round(rnd)
+        local = self.method.client_settings(rnd)
+        return RoundContext(self.executor, self.config.run.seed, rnd, local, setup=setup, clients=clients)
+
+    def _counters(self) -> tuple:
+        """The executor's byte counters: in all, and per stage."""
+        stages = {operation: tuple(counts) for operation, counts in self.executor.stage_bytes.items()}
+        return self.executor.bytes_sent, self.executor.bytes_received, stages
 
     def setup(self, first_round: int) -> None:
         """The setup stages before ``first_round`` (data standardization); their bytes count in that round."""
         from fedsim.data.normalization import standardize_federation
         from fedsim.data.scenario import resolve_normalization
 
+        self.unreliable_clients()
         if self._bytes_mark is None:
-            self._bytes_mark = (self.executor.bytes_sent, self.executor.bytes_received)
+            self._bytes_mark = self._counters()
         how = resolve_normalization(self.config.data)
         standardize_federation(self.context(first_round, setup=True), how, self.federation.client_ids)
 
     def run_round(self, rnd: int, evaluate: bool) -> dict:
         started = time.perf_counter()
-        sent, received = self._bytes_mark or (self.executor.bytes_sent, self.executor.bytes_received)
+        sent, received, stages = self._bytes_mark or self._counters()
         self._bytes_mark = None
-        metrics = self._round(self.context(rnd), evaluate)
+        ctx = self.context(rnd)
+        metrics = self._round(ctx, evaluate)
+        if ctx.clients is not None:
+            metrics.update(ctx.clients.metrics())
         if not self._placement_recorded:
             metrics.update(self.executor.placement())
             self._placement_recorded = True
@@ -93,8 +114,18 @@ class Server:
             metrics["client_failures"] = failures
         metrics["bytes_sent"] = self.executor.bytes_sent - sent
         metrics["bytes_received"] = self.executor.bytes_received - received
+        metrics["bytes_sent_by_stage"], metrics["bytes_received_by_stage"] = self._stage_bytes(stages)
         metrics["round_seconds"] = time.perf_counter() - started - metrics.get("eval_seconds", 0.0)
         return metrics
+
+    def _stage_bytes(self, before: dict) -> tuple[dict[str, int], dict[str, int]]:
+        """The bytes sent and received per operation since the counters ``before`` (the operations called)."""
+        sent, received = {}, {}
+        for operation, counts in sorted(self.executor.stage_bytes.items()):
+            was = before.get(operation, (0, 0, 0))
+            if tuple(counts) != tuple(was):
+                sent[operation], received[operation] = counts[0] - was[0], counts[1] - was[1]
+        return sent, received
 
     def _round(self, ctx: RoundContext, evaluate: bool) -> dict:
         """The method's round (and evaluation); a non-finite value, in a client's reply (its error unwrapped from
@@ -102,16 +133,25 @@ class Server:
         where = {"method": self.config.method.name, "round": ctx.round, "client": "server"}
         try:
             with self._threads():
-                self.state, metrics = self.method.run_round(ctx, self.state)
-                check_tensors(self.method.global_tensors(self.state), "global tensor {name}", **where)
-                metrics = {"round": ctx.round, **metrics}
+                metrics = {"round": ctx.round, **self._train(ctx, where)}
                 if evaluate:
+                    ctx.evaluating = True
                     started = time.perf_counter()
                     metrics.update(self.method.evaluate_round(ctx, self.state))
                     metrics["evaluated"] = True
                     metrics["eval_seconds"] = time.perf_counter() - started
         except NumericalError as exc:
             raise unwrapped(exc).located(**where) from None
+        return metrics
+
+    def _train(self, ctx: RoundContext, where: dict) -> dict:
+        """The method's round; when no client answered one of its calls, the state stays as it was."""
+        try:
+            self.state, metrics = self.method.run_round(ctx, self.state)
+        except NoClientAnswered as exc:
+            log.warning("round %d: %s: the round leaves the global state as it was", ctx.round, exc)
+            return {"aggregation_skipped": True}
+        check_tensors(self.method.global_tensors(self.state), "global tensor {name}", **where)
         return metrics
 
     def _threads(self):
