@@ -13,11 +13,12 @@ The explicit split the federated methods need, without forward hooks:
 * :meth:`Detector.maps` returns the pyramid features and the head's raw maps, per
   level, as ``N x C x H x W`` tensors (what FedOD distills);
 * :meth:`Detector.loss` the FCOS losses (focal, GIoU, centerness) from those maps;
-* :meth:`Detector.detect` post-processed boxes in pixels of the S x S input;
+* :meth:`Detector.detect` post-processed boxes in pixels of the S x S input, on the CPU;
 * ``body.*`` / ``head.*`` state-dict prefixes (FedRep) and :func:`fedsim.models.normalization.bn_keys` (FedBN).
 
 Inputs are float images in [0, 1] of one fixed size (``N x 3 x S x S``), normalized
-inside (mean 0.5, std 0.25); no resizing.
+inside (mean 0.5, std 0.25); no resizing. Images and targets held on another device (the CPU) are copied to the
+detector's device where they enter :meth:`Detector.maps` and :meth:`Detector.loss`.
 """
 
 from __future__ import annotations
@@ -138,9 +139,15 @@ class Detector(FCOS):
         self.spec = spec
 
     # ---- the explicit pieces ----------------------------------------------
+    @property
+    def device(self) -> torch.device:
+        """The device of the detector's parameters."""
+        return next(self.parameters()).device
+
     def _image_list(self, images: torch.Tensor) -> ImageList:
         if images.ndim != 4 or images.shape[1] != 3 or images.shape[2] != images.shape[3]:
             raise ValueError(f"detector inputs must be N x 3 x S x S, got {tuple(images.shape)}")
+        images = images.to(self.device)
         return ImageList((images - MEAN) / STD, [tuple(images.shape[-2:])] * images.shape[0])
 
     def maps(self, images: torch.Tensor) -> dict:
@@ -159,13 +166,17 @@ class Detector(FCOS):
         return out
 
     def loss(self, maps: dict, targets: list[dict]) -> dict[str, torch.Tensor]:
-        """FCOS losses (classification focal, GIoU regression, centerness BCE) of ``maps`` against ``targets``."""
+        """FCOS losses (classification focal, GIoU regression, centerness BCE) of ``maps`` against ``targets`` (moved
+        to the maps' device)."""
         anchors = self.anchor_generator(maps["image_list"], maps["features"])
+        device = anchors[0].device
+        targets = [{key: value.to(device) for key, value in target.items()} for target in targets]
         return self.compute_loss(targets, maps["flat"], anchors, maps["counts"])
 
     @torch.no_grad()
     def detect(self, images: torch.Tensor) -> list[dict[str, torch.Tensor]]:
-        """Boxes (x1 y1 x2 y2 pixels), scores and labels per image; eval mode, no gradients."""
+        """Boxes (x1 y1 x2 y2 pixels), scores and labels per image, on the CPU (for the numpy
+        matching of the evaluation); eval mode, no gradients."""
         was_training = self.training
         self.eval()
         try:
@@ -173,7 +184,8 @@ class Detector(FCOS):
             anchors = self.anchor_generator(maps["image_list"], maps["features"])
             split = {k: list(v.split(maps["counts"], dim=1)) for k, v in maps["flat"].items()}
             split_anchors = [list(a.split(maps["counts"])) for a in anchors]
-            return self.postprocess_detections(split, split_anchors, maps["image_list"].image_sizes)
+            found = self.postprocess_detections(split, split_anchors, maps["image_list"].image_sizes)
+            return [{key: value.cpu() for key, value in det.items()} for det in found]
         finally:
             self.train(was_training)
 

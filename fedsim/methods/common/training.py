@@ -1,4 +1,9 @@
-"""The one local-training loop and its pieces: weights <-> numpy, the optimizer, mini-batches, evaluation."""
+"""The one local-training loop and its pieces: weights <-> numpy, the optimizer, mini-batches, evaluation.
+
+On an accelerator the loops read nothing back to the host per batch: a split's arrays are copied to the device once
+per call (:func:`device_rows`), each epoch's batch order once per epoch, and losses and counts are summed on the
+device in float64 (the same sums as Python floats), read once when the call returns.
+"""
 
 from __future__ import annotations
 
@@ -14,6 +19,8 @@ from fedsim.optim import SGD, Optimizer
 
 CHUNK = 512
 """Rows per forward pass when a whole split is encoded or evaluated without gradients (bounds memory)."""
+DEVICE_COPY_BYTES = 1 << 30
+"""A split's array up to this size goes to the device in one copy per call; a larger one batch by batch."""
 
 
 def model_to_numpy(model: nn.Module) -> dict[str, np.ndarray]:
@@ -40,10 +47,15 @@ def make_optimizer(model_or_params, settings: LocalSettings, lr: Optional[float]
     )
 
 
-def minibatches(count: int, batch_size: int, generator: torch.Generator) -> Iterator[torch.Tensor]:
+def minibatches(
+    count: int, batch_size: int, generator: torch.Generator, device: Optional[torch.device] = None
+) -> Iterator[torch.Tensor]:
     """Index batches of one shuffled epoch over ``count`` samples; a final batch of one is skipped (batch norm
-    needs two samples) unless the whole set is one sample."""
+    needs two samples) unless the whole set is one sample. The order is drawn on the CPU (``generator``: the same
+    batches on every device) and, with ``device``, copied there once for the epoch."""
     order = torch.randperm(count, generator=generator)
+    if device is not None:
+        order = order.to(device)
     for start in range(0, count, batch_size):
         idx = order[start : start + batch_size]
         if len(idx) < 2 and count >= 2:
@@ -57,6 +69,13 @@ def classification_loss(model: nn.Module, xb: torch.Tensor, yb: torch.Tensor) ->
 
 
 StepLoss = Callable[[nn.Module, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def device_rows(array: np.ndarray, device: torch.device) -> torch.Tensor:
+    """``array`` as the tensor batches are indexed from: copied to ``device`` once when it holds at most
+    :data:`DEVICE_COPY_BYTES`, else left on the CPU (each batch then copied as it is drawn)."""
+    rows = torch.from_numpy(array)
+    return rows.to(device) if array.nbytes <= DEVICE_COPY_BYTES else rows
 
 
 def train_epochs(
@@ -74,23 +93,36 @@ def train_epochs(
     ``step_loss(model, xb, yb)`` is the loss of one batch (default: cross-entropy); FedProx, the alignment
     methods, FADA and FedBN pass their own objective and share the loop.
     """
+    return float(epochs_loss(model, split, epochs, batch_size, optimizer, seed, device, step_loss))
+
+
+def epochs_loss(
+    model: nn.Module,
+    split: ArraySplit,
+    epochs: int,
+    batch_size: int,
+    optimizer: Optimizer,
+    seed: int,
+    device: torch.device,
+    step_loss: Optional[StepLoss] = None,
+) -> torch.Tensor:
+    """:func:`train_epochs`'s loop; the last epoch's mean loss as a float64 tensor on ``device``, not read back."""
     if split.y is None:
         raise ValueError("train_epochs needs labels: the target client's training inputs are unlabeled")
     step_loss = step_loss or classification_loss
     model.train()
-    x = torch.from_numpy(split.x)
-    y = torch.from_numpy(split.y)
+    x, y = device_rows(split.x, device), device_rows(split.y, device)
     generator = torch.Generator().manual_seed(seed)
-    last = 0.0
+    last = torch.zeros((), dtype=torch.float64, device=device)
     for _ in range(epochs):
-        total, count = 0.0, 0
-        for idx in minibatches(len(x), batch_size, generator):
+        total, count = torch.zeros((), dtype=torch.float64, device=device), 0
+        for idx in minibatches(len(x), batch_size, generator, x.device):
             xb, yb = x[idx].to(device), y[idx].to(device)
             optimizer.zero_grad(set_to_none=True)
             loss = step_loss(model, xb, yb)
             loss.backward()
             optimizer.step()
-            total += float(loss.detach()) * len(idx)
+            total += loss.detach().double() * len(idx)
             count += len(idx)
         last = total / max(count, 1)
     return last
@@ -103,18 +135,26 @@ def encode_in_chunks(
     return torch.cat([encode(torch.from_numpy(x[i : i + chunk]).to(device)).cpu() for i in range(0, len(x), chunk)])
 
 
-@torch.no_grad()
 def evaluate_model(
     model: nn.Module, split: ArraySplit, device: torch.device, batch_size: int = CHUNK
 ) -> dict[str, float]:
     """Correct count, sample count and summed cross-entropy on a labeled split."""
+    correct, loss = evaluation_sums(model, split, device, batch_size)
+    return {"correct": float(correct), "total": float(len(split.x)), "loss_sum": float(loss)}
+
+
+@torch.no_grad()
+def evaluation_sums(
+    model: nn.Module, split: ArraySplit, device: torch.device, batch_size: int = CHUNK
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`evaluate_model`'s loop: (correct count, summed cross-entropy in float64), tensors on ``device``."""
     model.eval()
-    x = torch.from_numpy(split.x)
-    y = torch.from_numpy(split.y)
-    correct, loss = 0, 0.0
+    x, y = device_rows(split.x, device), device_rows(split.y, device)
+    correct = torch.zeros((), dtype=torch.int64, device=device)
+    loss = torch.zeros((), dtype=torch.float64, device=device)
     for start in range(0, len(x), batch_size):
         xb, yb = x[start : start + batch_size].to(device), y[start : start + batch_size].to(device)
         logits = model(xb)
-        loss += float(nn.functional.cross_entropy(logits, yb, reduction="sum"))
-        correct += int((logits.argmax(1) == yb).sum())
-    return {"correct": float(correct), "total": float(len(x)), "loss_sum": loss}
+        loss += nn.functional.cross_entropy(logits, yb, reduction="sum").double()
+        correct += (logits.argmax(1) == yb).sum()
+    return correct, loss

@@ -45,9 +45,21 @@ def domain_confusion_loss(logits: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
+def balanced_accuracy(source_logits: torch.Tensor, target_logits: torch.Tensor) -> torch.Tensor:
+    """Balanced accuracy of DI (0.5: the domains are indistinguishable), a tensor on the logits' device."""
+    return 0.5 * ((source_logits > 0).float().mean() + (target_logits <= 0).float().mean())
+
+
 def domain_accuracy(source_logits: torch.Tensor, target_logits: torch.Tensor) -> float:
-    """Balanced accuracy of DI (0.5: the domains are indistinguishable)."""
-    return float(0.5 * ((source_logits > 0).float().mean() + (target_logits <= 0).float().mean()))
+    """:func:`balanced_accuracy` as a number."""
+    return float(balanced_accuracy(source_logits, target_logits))
+
+
+def host_mean(values: list[torch.Tensor]) -> float:
+    """The mean of 0-dim tensors, read back in one copy and summed in float64 (nan for none)."""
+    if not values:
+        return float("nan")
+    return float(np.mean(torch.stack(values).detach().double().cpu().numpy()))
 
 
 def entropy(logits: torch.Tensor) -> torch.Tensor:
@@ -96,10 +108,11 @@ class MINELoss(nn.Module):
     def update_average(self, marginal: torch.Tensor) -> torch.Tensor:
         """Fold this batch's log mean(e^T) into the moving average; returns the updated log average."""
         current = log_mean_exp(marginal.detach())
-        if torch.isnan(self.log_average) or self.rate == 1.0:
+        if self.rate == 1.0:
             self.log_average = current.clone()
-        else:
-            self.log_average = torch.logaddexp(self.log_average + math.log1p(-self.rate), current + math.log(self.rate))
+        else:  # the first batch (nan) starts the average: chosen on the device, not read back
+            blended = torch.logaddexp(self.log_average + math.log1p(-self.rate), current + math.log(self.rate))
+            self.log_average = torch.where(torch.isnan(self.log_average), current, blended)
         return self.log_average
 
     def surrogate(self, joint: torch.Tensor, marginal: torch.Tensor) -> torch.Tensor:
@@ -128,8 +141,8 @@ class AdversarialAlignment:
     ):
         self.net, self.identifier = net, identifier
         self.identifier_optimizer, self.generator_optimizer = identifier_optimizer, generator_optimizer
-        self.accuracies: list[float] = []
-        self.confusions: list[float] = []
+        self.accuracies: list[torch.Tensor] = []  # per batch, on the device: read back by metrics()
+        self.confusions: list[torch.Tensor] = []
 
     def step(
         self,
@@ -143,12 +156,12 @@ class AdversarialAlignment:
         net.train()
         identifier.train()
         source = net.features(inputs)
-        picked = target[torch.randperm(len(target), generator=generator)[: len(inputs)]]
+        picked = target[torch.randperm(len(target), generator=generator)[: len(inputs)].to(target.device)]
         source_logits, target_logits = identifier(source.detach()), identifier(picked)
         self.identifier_optimizer.zero_grad(set_to_none=True)
         domain_identifier_loss(source_logits, target_logits).backward()
         self.identifier_optimizer.step()
-        self.accuracies.append(domain_accuracy(source_logits, target_logits))
+        self.accuracies.append(balanced_accuracy(source_logits, target_logits))
         identifier.requires_grad_(False)
         confusion = domain_confusion_loss(identifier(source))
         task = F.cross_entropy(net.head(net.invariant(source)), labels)
@@ -156,7 +169,7 @@ class AdversarialAlignment:
         (task + weight * confusion).backward()
         self.generator_optimizer.step()
         identifier.requires_grad_(True)
-        self.confusions.append(float(confusion.detach()))
+        self.confusions.append(confusion.detach())
 
     def target_gradient(self, weight: float, target: torch.Tensor) -> tuple[torch.Tensor, float]:
         """(d(weight * confusion)/d(target features), the confusion loss of the target features)."""
@@ -178,10 +191,7 @@ class AdversarialAlignment:
 
     def metrics(self) -> dict[str, float]:
         """DI's balanced accuracy and the confusion loss, means over the batches."""
-        return {
-            "domain_identifier_accuracy": float(np.mean(self.accuracies)) if self.accuracies else float("nan"),
-            "confusion_loss": float(np.mean(self.confusions)) if self.confusions else float("nan"),
-        }
+        return {"domain_identifier_accuracy": host_mean(self.accuracies), "confusion_loss": host_mean(self.confusions)}
 
 
 class Disentanglement:
@@ -235,7 +245,7 @@ class Disentanglement:
                 [*net.invariant.parameters(), *parts.specific.parameters(), *parts.reconstructor.parameters()]
             ),
         }
-        self.sums = dict.fromkeys(self.METRICS, 0.0)
+        self.sums: dict = dict.fromkeys(self.METRICS, 0.0)  # float64 tensors on the device after the first batch
         self.batches = 0
         net.train()
         parts.train()
@@ -282,9 +292,11 @@ class Disentanglement:
         with torch.no_grad():
             values = (estimate, (ci_logits.argmax(1) == labels).float().mean(), entropy(ci_logits), rebuilt)
             for name, value in zip(self.METRICS, values):
-                self.sums[name] += float(value)
+                self.sums[name] = self.sums[name] + value.double()
         self.batches += 1
 
     def metrics(self) -> dict[str, float]:
         """Means over the batches of the MI estimate, CI's accuracy and entropy, and the reconstruction loss."""
-        return {name: total / self.batches if self.batches else float("nan") for name, total in self.sums.items()}
+        return {
+            name: float(total) / self.batches if self.batches else float("nan") for name, total in self.sums.items()
+        }

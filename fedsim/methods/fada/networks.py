@@ -74,8 +74,9 @@ def follow_feature_gradient(
     """
     net.train()
     optimizer.zero_grad(set_to_none=True)
-    for start in range(0, len(inputs), chunk):
-        part = net.features(torch.from_numpy(inputs[start : start + chunk]).to(device))
+    rows = torch.from_numpy(inputs).to(device)  # one copy to the device, not one per chunk
+    for start in range(0, len(rows), chunk):
+        part = net.features(rows[start : start + chunk])
         (part * gradient[start : start + chunk]).sum().backward()
     optimizer.step()
 
@@ -104,10 +105,12 @@ def align_generator(
 
 
 def feature_width(encoder: nn.Module, input_shape: tuple[int, ...]) -> int:
-    """Width of the encoder's output, from one forward pass of zeros in eval mode."""
+    """Width of the encoder's output, from one forward pass of zeros in eval mode on the encoder's device (the
+    shape only: nothing is read back)."""
     encoder.eval()
+    device = next(encoder.parameters()).device
     with torch.no_grad():
-        return int(encoder(torch.zeros((1, *input_shape))).shape[-1])
+        return int(encoder(torch.zeros((1, *input_shape), device=device)).shape[-1])
 
 
 def build_fada_net(base: Classifier, input_shape: tuple[int, ...]) -> FADANet:

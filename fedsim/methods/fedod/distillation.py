@@ -23,12 +23,15 @@ def channel_wise_distillation(student: torch.Tensor, teacher: torch.Tensor, temp
 def multi_teacher_loss(teachers: list[Detector], params, parts: dict) -> Callable[[torch.Tensor, dict], torch.Tensor]:
     """FedOD's distillation terms of the student's loss (Su et al. 2022), averaged over the N teachers:
     lambda_feat CWD on every pyramid level + lambda_cls CWD on the classification maps + lambda_reg L2 on the
-    regression maps (``params`` holds the temperature and the lambdas); ``parts`` gets the last batch's terms."""
+    regression maps (``params`` holds the temperature and the lambdas); ``parts`` gets the last batch's terms, summed
+    on the student's device in float64 and read back in one copy per batch. The teachers see ``images`` on that
+    device."""
     share = 1.0 / max(len(teachers), 1)
 
     def distillation(images: torch.Tensor, maps: dict) -> torch.Tensor:
+        images = images.to(maps["features"][0].device)
         total = images.new_zeros(())
-        parts.update(feat=0.0, cls=0.0, reg=0.0)
+        terms = images.new_zeros(3, dtype=torch.float64)  # feat, cls, reg
         for model in teachers:
             with torch.no_grad():
                 t_maps = model.maps(images)
@@ -41,10 +44,9 @@ def multi_teacher_loss(teachers: list[Detector], params, parts: dict) -> Callabl
                 for s, t in zip(maps["cls_logits"], t_maps["cls_logits"])
             )
             reg = sum(F.mse_loss(s, t) for s, t in zip(maps["bbox_regression"], t_maps["bbox_regression"]))
-            parts["feat"] += share * float(feat.detach())
-            parts["cls"] += share * float(cls.detach())
-            parts["reg"] += share * float(reg.detach())
+            terms = terms + share * torch.stack([feat.detach(), cls.detach(), reg.detach()]).double()
             total = total + share * (params.lambda_feat * feat + params.lambda_cls * cls + params.lambda_reg * reg)
+        parts.update(zip(("feat", "cls", "reg"), terms.tolist()))
         return total
 
     return distillation
