@@ -37,7 +37,6 @@ from fedsim.data.scenario import forget_domain_data, load_client_data
 from fedsim.errors import first_line
 from fedsim.runtime import LocalExecutor, Server, Simulator
 from fedsim.runtime.client_host import ClientHost
-from fedsim.runtime.executor import Executor
 
 ROOT = Path(__file__).resolve().parents[2]
 COMMON = ["run.tensorboard=false", "run.checkpoint_every=0", "run.progress=false"]
@@ -78,8 +77,8 @@ class DeviceExecutor(LocalExecutor):
     """The local backend's executor with every client on ``device`` (as a Ray client actor with GPUs runs them)."""
 
     def __init__(self, config, federation, device: str):
-        Executor.__init__(self)
-        self.host = ClientHost(config, federation, federation.client_ids, device=device)
+        super().__init__(config, federation)
+        self.host = ClientHost(config, federation, federation.client_ids, device=device)  # in place of the CPU one
 
 
 def utilization_reader() -> tuple[str, Optional[Callable[[], float]]]:
