@@ -222,27 +222,20 @@ def _clients_checks(clients) -> list[tuple[bool, str]]:
 
 def check_missing_replies(config) -> None:
     """Refuse settings that lose sources' replies for a method that needs every reply it asks for (its
-    ``copes_with_missing_replies``, else the built-in list of :data:`COPES_WITH_MISSING_REPLIES`)."""
+    ``copes_with_missing_replies`` is False)."""
     from fedsim.registry import METHODS
 
-    clients = config.clients
-    if not clients.drops_replies:
+    if not config.clients.drops_replies:
         return
-    method_cls = METHODS.get(config.method.name)
-    copes = getattr(method_cls, "copes_with_missing_replies", None)
-    if copes is None:
-        copes = config.method.name in COPES_WITH_MISSING_REPLIES
-    if not copes:
+    if not getattr(METHODS.get(config.method.name), "copes_with_missing_replies", False):
+        coping = sorted(
+            name for name in METHODS.names() if getattr(METHODS.get(name), "copes_with_missing_replies", False)
+        )
         raise UserError(
             f"method {config.method.name!r} needs every reply it asks for, so clients.availability, "
             "clients.availability_trace, clients.failure_rate with on_failure=drop and clients.deadline_seconds "
-            f"cannot apply to it: leave them at their defaults or use one of {', '.join(COPES_WITH_MISSING_REPLIES)}"
+            f"cannot apply to it: leave them at their defaults or use one of {', '.join(coping)}"
         )
-
-
-COPES_WITH_MISSING_REPLIES = ("fedavg", "fedprox", "fedbn", "fedrep", "feddann", "fedmmd")
-"""The built-in methods that aggregate whatever replies arrive (a method class may say so itself with a
-``copes_with_missing_replies`` attribute)."""
 
 
 def validate(config) -> None:

@@ -71,6 +71,9 @@ class Method:
     one client for the initial parameters). Declared by each class itself, never inherited: a subclass that does not
     declare it gets True, so new server-side torch work cannot run unprepared."""
     config_defaults: ClassVar[Mapping[str, Mapping[str, Any]]] = {}
+    #: the server half aggregates whatever replies arrive, so sources that drop out, fail or miss a deadline
+    #: (the ``clients`` section) can apply to it; a method that needs every reply it asks for keeps False
+    copes_with_missing_replies: ClassVar[bool] = False
     """Config values this method changes from the library's defaults, per section (e.g. FedOD's 3 rounds, as in
     Su et al. 2022); a user's file or override still wins."""
     registry_name: ClassVar[str] = ""

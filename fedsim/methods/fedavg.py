@@ -29,6 +29,8 @@ if TYPE_CHECKING:
 class FedAvg(SingleExchange):
     """FedAvg source-only (McMahan et al. 2017): sources train locally, the server averages weights by sample count."""
 
+    copes_with_missing_replies = True  # it aggregates the replies that arrive
+
     server_needs_torch = False
     #: ``fit`` has a batched counterpart for ``resources.vectorize: auto`` (fedsim.methods.common.vectorized)
     vectorized_operations = {"fit": "fit_vectorized"}

@@ -69,6 +69,8 @@ def split(tensors: Tensors, keys: frozenset[str]) -> tuple[dict, dict]:
 class FedBN(SingleExchange):
     """FedBN (Li et al. 2021): batch norm stays with each source client; the target re-estimates its statistics."""
 
+    copes_with_missing_replies = True  # it aggregates the replies that arrive
+
     @dataclass(frozen=True)
     class Params:
         target_bn: str = "adabn"  # the target's BN statistics: "adabn" (re-estimated) or "none" (initial)

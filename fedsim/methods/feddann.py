@@ -26,6 +26,8 @@ from fedsim.registry import METHODS
 class FedDANN(FeatureAlignment):
     """FedDANN: adversarial alignment of source features to target features (Ganin et al. 2016)."""
 
+    copes_with_missing_replies = True  # it aggregates the replies that arrive
+
     @dataclass(frozen=True)
     class Params(AlignmentParams):
         discriminator_hidden: int = 100  # units per hidden layer (Ganin et al. 2016, MNIST architecture)

@@ -38,6 +38,8 @@ from fedsim.seeding import derive_seed
 class FedMMD(FeatureAlignment):
     """FedMMD: multi-kernel MMD between source and target features (Long et al. 2015)."""
 
+    copes_with_missing_replies = True  # it aggregates the replies that arrive
+
     @dataclass(frozen=True)
     class Params(AlignmentParams):
         kernel_multipliers: tuple[float, ...] = DEFAULT_MULTIPLIERS  # sigma^2 = multiplier * median squared distance

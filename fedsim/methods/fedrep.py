@@ -106,6 +106,8 @@ def train_head(head: nn.Module, features: torch.Tensor, y: np.ndarray, epochs: i
 class FedRep(Method):
     """FedRep (Collins et al. 2021): averaged representation, personal heads; the target averages the sources' heads."""
 
+    copes_with_missing_replies = True  # it aggregates the replies that arrive
+
     @dataclass(frozen=True)
     class Params:
         head_epochs: int = 10  # head-only epochs before the representation's (Collins et al. 2021, Sec. 5: tau_h = 10)
