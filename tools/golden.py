@@ -113,6 +113,8 @@ VOLATILE = {
     "client_nodes",
     "backend",
     "actor_restarts",
+    "ot_seconds",
+    "predictor_seconds",
 }
 
 

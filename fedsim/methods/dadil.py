@@ -32,7 +32,7 @@ from fedsim.messages import Instruction, Reply
 from fedsim.methods.base import ServerState, client_operation
 from fedsim.methods.common import dictionary as dil
 from fedsim.methods.common import dictionary_sampling as sampling
-from fedsim.methods.common.dictionary_predictors import EVAL_EVERY, evaluate_predictors
+from fedsim.methods.common.dictionary_predictors import EVAL_EVERY, evaluate_predictors, with_client_seconds
 from fedsim.methods.families.dictionary import DictionaryMethod
 from fedsim.registry import METHODS
 
@@ -125,7 +125,7 @@ class DaDiL(DictionaryMethod):
             self.federation.client_ids,
             lambda cid: {"alpha": [float(a) for a in alphas[cid]]},
         )
-        return self.summarize_evaluation(ctx.round, replies)
+        return with_client_seconds(self.summarize_evaluation(ctx.round, replies), replies, "predictor_seconds")
 
     # ---- client half ------------------------------------------------------
     def init_client(self, data: ClientData) -> Any:

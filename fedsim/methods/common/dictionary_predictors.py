@@ -8,6 +8,8 @@ SGD lr 1e-3, momentum 0.9, L2 penalty 1e-2, 100 epochs of shuffled mini-batches 
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import torch
 from torch import nn
@@ -86,11 +88,23 @@ def predict_ensemble(atoms_x, atoms_logits, alpha, x_test, p: DictionaryParams, 
 def evaluate_predictors(
     tensors, alpha: torch.Tensor, test_x: torch.Tensor, test_y: np.ndarray, p: DictionaryParams, seed: int
 ) -> dict:
-    """Correct counts of DaDiL-R (``correct``) and DaDiL-E (``correct_E``) on one domain's test features."""
+    """Correct counts of DaDiL-R (``correct``) and DaDiL-E (``correct_E``) on one domain's test features, and the
+    seconds their K + 1 predictors took (``predictor_seconds``)."""
+    started = time.perf_counter()
     atoms_x = torch.tensor(np.asarray(tensors["atoms_x"]))
     atoms_logits = torch.tensor(np.asarray(tensors["atoms_logits"]))
     seed = seed % (1 << 31)
     y = torch.from_numpy(test_y)
     pred_r = predict_reconstruction(atoms_x, atoms_logits, alpha, test_x, p, seed)
     pred_e = predict_ensemble(atoms_x, atoms_logits, alpha, test_x, p, seed)
-    return {"correct": float((pred_r == y).sum()), "total": float(len(y)), "correct_E": float((pred_e == y).sum())}
+    return {
+        "correct": float((pred_r == y).sum()),
+        "total": float(len(y)),
+        "correct_E": float((pred_e == y).sum()),
+        "predictor_seconds": time.perf_counter() - started,
+    }
+
+
+def with_client_seconds(metrics: dict, replies, name: str) -> dict:
+    """``metrics`` with the clients' ``name`` timings beside them, per client id (``{"0": 1.2, ...}``)."""
+    return {**metrics, name: {str(cid): r.metrics[name] for cid, r in replies.items() if name in r.metrics}}

@@ -29,6 +29,7 @@ reconstruction B(alpha; atoms)) is ``target_accuracy``; DaDiL-E (per-atom nets w
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import numpy as np
@@ -39,7 +40,7 @@ from fedsim.messages import Instruction, Reply
 from fedsim.methods.base import ServerState, client_operation
 from fedsim.methods.common import dictionary as dil
 from fedsim.methods.common import dictionary_sampling as sampling
-from fedsim.methods.common.dictionary_predictors import EVAL_EVERY, evaluate_predictors
+from fedsim.methods.common.dictionary_predictors import EVAL_EVERY, evaluate_predictors, with_client_seconds
 from fedsim.methods.families.dictionary import DictionaryMethod
 from fedsim.methods.feddadil.aggregation import aggregate_versions
 from fedsim.registry import METHODS
@@ -82,6 +83,7 @@ class FedDaDiL(DictionaryMethod):
         metrics = {
             "stage": "dictionary",
             "dil_loss": {str(cid): r.metrics["dil_loss"] for cid, r in replies.items()},
+            "ot_seconds": {str(cid): r.metrics["ot_seconds"] for cid, r in replies.items()},
             "client_drift": dil.client_drift(versions, origin, self.params),
             "atom_drift": dil.atom_drift(list(versions.values()), origin, self.params),
             "atom_dispersion": dil.atom_dispersion(list(versions.values()), self.params),
@@ -109,7 +111,7 @@ class FedDaDiL(DictionaryMethod):
         if self.encoder.is_encoder_round(ctx.round):
             return self.encoder.evaluate_round(ctx, state)
         replies = ctx.call("evaluate", dil.atom_tensors(state), self.federation.client_ids)
-        return self.summarize_evaluation(ctx.round, replies)
+        return with_client_seconds(self.summarize_evaluation(ctx.round, replies), replies, "predictor_seconds")
 
     # ---- client half ------------------------------------------------------
     def init_client(self, data: ClientData) -> Any:
@@ -128,14 +130,19 @@ class FedDaDiL(DictionaryMethod):
         optimizer = dil.make_optimizer(p, settings.momentum, [atoms_x, atoms_logits], [alpha])
         generator = torch.Generator().manual_seed(instruction.seed)
         atoms = (atoms_x, atoms_logits)
-        losses = self.local_steps(settings, state["train_features"], data, atoms, alpha, optimizer, generator)
+        losses, ot_seconds = self.local_steps(
+            settings, state["train_features"], data, atoms, alpha, optimizer, generator
+        )
         state["alpha"] = alpha.detach().clone()
         tensors = {"atoms_x": atoms_x.detach().numpy(), "atoms_logits": atoms_logits.detach().numpy()}
         loss = float(np.mean(losses)) if losses else float("nan")
-        return Reply(data.client_id, tensors, {"dil_loss": loss}, len(state["train_features"])), state
+        metrics = {"dil_loss": loss, "ot_seconds": ot_seconds}
+        return Reply(data.client_id, tensors, metrics, len(state["train_features"])), state
 
     def local_steps(self, settings, train_x, data: ClientData, atoms, alpha, optimizer, generator) -> list:
-        """E epochs of n // n_b steps; returns the last epoch's losses. ``minibatch``: every step uses all the rows
+        """E epochs of n // n_b steps; returns the last epoch's losses and the seconds spent computing the losses
+        (``ot_seconds``: the barycenters' fixed-point iterations and the transport to the client's batch, the
+        costs included; the backward pass and the step left out). ``minibatch``: every step uses all the rows
         received; ``full``: each epoch sweeps the atoms in n // n_b mini-batches (every atom its own permutation)."""
         p, (atoms_x, atoms_logits) = self.params, atoms
         batch_size, classes = settings.batch_size, data.num_classes
@@ -143,6 +150,7 @@ class FedDaDiL(DictionaryMethod):
         onehot = dil.one_hot_labels(data.train.y, classes)
         steps = max(p.samples_per_atom // batch_size, 1)
         losses: list[float] = []
+        ot_seconds = 0.0
         for _ in range(settings.local_epochs):
             losses = []
             full = p.exchange == "full"
@@ -153,10 +161,12 @@ class FedDaDiL(DictionaryMethod):
                 )
                 rows = sampling.domain_rows(labels, len(train_x), classes, batch_size, generator)
                 y = None if onehot is None else onehot[rows]
+                started = time.perf_counter()
                 loss = dil.dil_loss(rows_x, rows_logits, alpha, train_x[rows], y, p, generator)
+                ot_seconds += time.perf_counter() - started
                 dil.dil_step(optimizer, loss, [atoms_x, atoms_logits], [alpha])
                 losses.append(float(loss.detach()))
-        return losses
+        return losses, ot_seconds
 
     @client_operation
     def evaluate(self, instruction: Instruction, state: Any, data: ClientData) -> tuple[Reply, Any]:
