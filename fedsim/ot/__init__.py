@@ -1,6 +1,7 @@
 """Optimal-transport building blocks for DaDiL / FedDaDiL, on POT's torch backend.
 
 :mod:`fedsim.ot.wasserstein` (joint ground cost, transport plans, W_2 between labeled samples),
-:mod:`fedsim.ot.barycenter` (free-support labeled barycenters), :mod:`fedsim.ot.simplex` (projection
-of barycentric coordinates on the simplex).
+:mod:`fedsim.ot.barycenter` (free-support labeled barycenters, exact plans kept as permutations),
+:mod:`fedsim.ot.reference` (the dense transcription of the barycenter, for its tests and benchmark),
+:mod:`fedsim.ot.simplex` (projection of barycentric coordinates on the simplex).
 """
