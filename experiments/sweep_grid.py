@@ -260,12 +260,30 @@ def spec_from_args(args: argparse.Namespace) -> SweepSpec:
 
 
 def _absolute_paths(spec: SweepSpec, config) -> None:
-    """Trials run in Tune's trial directories: make relative data paths absolute up front."""
-    for key, value in (("data.root", config.data.root), ("data.cache_dir", config.data.cache_dir)):
+    """Trials run in Tune's trial directories: make relative (or ``~``) paths absolute up front: the data, the
+    caches, the clients' trace files."""
+    paths = (
+        ("data.root", config.data.root),
+        ("data.cache_dir", config.data.cache_dir),
+        ("run.cache_dir", config.run.cache_dir),
+        ("clients.availability_trace", config.clients.availability_trace),
+        ("clients.speed_trace", config.clients.speed_trace),
+    )
+    for key, value in paths:
         if value and not Path(value).is_absolute() and key not in spec.axes:
             spec.overrides = [o for o in spec.overrides if not o.startswith(f"{key}=")] + [
-                f"{key}={Path(value).resolve()}"
+                f"{key}={Path(value).expanduser().resolve()}"
             ]
+
+
+def _read_traces(config) -> None:
+    """The clients' trace files, read once here so that a bad one stops the grid before it starts."""
+    from fedsim.runtime.unreliable import read_availability_trace, read_speed_trace
+
+    if config.clients.availability_trace:
+        read_availability_trace(config.clients.availability_trace)
+    if config.clients.speed_trace:
+        read_speed_trace(config.clients.speed_trace)
 
 
 def prepare(spec: SweepSpec) -> tuple[dict[str, Any], dict[str, int]]:
@@ -289,5 +307,6 @@ def prepare(spec: SweepSpec) -> tuple[dict[str, Any], dict[str, int]]:
         if config.data not in federations:
             federations[config.data] = build_federation(config.data)
         METHODS.get(config.method.name).check_setting(config, federations[config.data])  # as `fedsim run` does
+        _read_traces(config)
         clients[key] = len(federations[config.data].clients)
     return configs, clients

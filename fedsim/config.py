@@ -180,8 +180,9 @@ class RunConfig:
     """Show a progress bar over the rounds."""
     cache_dir: Optional[str] = None
     """Where stages that runs share are kept once computed (FedDaDiL's and DaDiL's encoder stage;
-    :mod:`fedsim.methods.common.stage_cache`), keyed by all they depend on; the numbers are the same with or
-    without it. None: no such cache (``fedsim sweep`` and ``fedsim reproduce`` give each grid ``<out>/cache``)."""
+    :mod:`fedsim.methods.common.stage_cache`), keyed by all they depend on; the numbers, bytes included, are the
+    same with or without it. None: no such cache (``fedsim sweep`` and ``fedsim reproduce`` give each grid
+    ``<out>/cache``)."""
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from conftest import assert_same_results
 
 from fedsim.api import run_experiment
 from fedsim.config import load_config
-from fedsim.methods.common.stage_cache import StageCache, stage_key
+from fedsim.methods.common.stage_cache import StageCache, StoredRound, stage_key
 
 SMALL = [
     "method.samples_per_atom=40",
@@ -51,8 +51,8 @@ def test_a_cached_encoder_gives_the_same_numbers_and_is_shared_by_dadil(toy_over
     assert len(list((tmp_path / "cache").glob("encoder-*.npz"))) == 1
     assert [r.get("encoder_cache") for r in cold_rows[:2]] == [None, None]
     assert [r.get("encoder_cache") for r in warm_rows[:2]] == ["hit", "hit"]
-    for warm_row, cold_row in zip(warm_rows[:2], cold_rows[:2]):  # only the evaluation's weights cross the wire
-        assert 0 < warm_row["bytes_sent"] < cold_row["bytes_sent"]
+    for key in ("bytes_sent", "bytes_received", "bytes_sent_by_stage", "bytes_received_by_stage"):
+        assert [r[key] for r in warm_rows] == [r[key] for r in cold_rows] == [r[key] for r in plain_rows], key
     assert _numbers(plain_rows) == _numbers(cold_rows) == _numbers(warm_rows)
     assert_same_results(plain, cold, SUMMARY)
     assert_same_results(plain, warm, SUMMARY)
@@ -76,6 +76,27 @@ def test_another_encoder_setting_or_seed_is_another_entry(toy_overrides, tmp_pat
     _, rows = _run(base + ["method.lr_atoms=1.0"], tmp_path / "d")  # a dictionary setting: the same encoder
     assert rows[0].get("encoder_cache") == "hit"
     assert len(list((tmp_path / "cache").glob("*.npz"))) == 3
+
+
+def test_the_clients_resources_are_in_the_key_and_unreliable_clients_or_a_short_run_skip_the_cache(
+    toy_overrides, tmp_path
+):
+    from fedsim.data.scenario import build_federation
+    from fedsim.methods.feddadil import FedDaDiL
+
+    base = toy_overrides + SMALL + ["method.name=feddadil", f"run.cache_dir={tmp_path}"]
+
+    def cache_of(extra):
+        config = load_config(None, base + extra)
+        return FedDaDiL(config, build_federation(config.data)).encoder.cache
+
+    names = {
+        cache_of(extra).name
+        for extra in ([], ["resources.cpus_per_client=2"], ["resources.gpus_per_client=0.5", "run.backend=ray"])
+    }
+    assert len(names) == 3
+    assert cache_of(["clients.link_mbps=10"]) is None  # the simulated clock: the run's own
+    assert cache_of(["run.rounds=2"]) is None  # every round an encoder round: the stage never ends
 
 
 def test_a_run_without_an_encoder_stage_writes_nothing(toy_overrides, tmp_path):
@@ -104,22 +125,27 @@ def test_runs_that_start_the_same_stage_take_turns(tmp_path):
     waiting.start()
     time.sleep(0.3)
     assert found == []  # still waiting on the lock
-    first.record(1, _weights(1.0), {"train_loss": {"0": 0.5}})
+    first.record(1, StoredRound(_weights(1.0), {"train_loss": {"0": 0.5}}, "fit", 100, 80))
     time.sleep(0.1)
     assert found == []
-    first.record(2, _weights(2.0), {"train_loss": {"0": 0.25}})
+    first.record(2, StoredRound(_weights(2.0), {"train_loss": {"0": 0.25}}, "fit", 100, 80))
     waiting.join(timeout=10)
     assert found == [True]
-    tensors, metrics = second.replay(2)
-    np.testing.assert_array_equal(tensors["w"], np.full((2, 3), 2.0, np.float32))
-    assert metrics == {"train_loss": {"0": 0.25}}
-    assert second.replay(1)[1] == {"train_loss": {"0": 0.5}}
+    stored = second.replay(2)
+    np.testing.assert_array_equal(stored.tensors["w"], np.full((2, 3), 2.0, np.float32))
+    assert (stored.metrics, stored.operation, stored.sent, stored.received) == (
+        {"train_loss": {"0": 0.25}},
+        "fit",
+        100,
+        80,
+    )
+    assert second.replay(1).metrics == {"train_loss": {"0": 0.5}}
 
 
 def test_a_run_that_stops_early_lets_the_others_compute(tmp_path):
     first, second = (StageCache(str(tmp_path), "encoder", {"k": 1}, rounds=2) for _ in range(2))
     assert first.begin() is False
-    first.record(1, _weights(1.0), {})
+    first.record(1, StoredRound(_weights(1.0), {}, "fit", 1, 1))
     first.release()  # the run failed before the stage's last round
     assert second.begin() is False  # nothing stored: it computes the stage itself
     assert second.replay(1) is None
@@ -128,7 +154,7 @@ def test_a_run_that_stops_early_lets_the_others_compute(tmp_path):
 def test_a_corrupt_entry_is_computed_again(tmp_path):
     cache = StageCache(str(tmp_path), "encoder", {"k": 1}, rounds=1)
     cache.begin()
-    cache.record(1, _weights(1.0), {})
+    cache.record(1, StoredRound(_weights(1.0), {}, "fit", 1, 1))
     (tmp_path / f"{cache.name}.npz").write_bytes(b"not a zip file")
     again = StageCache(str(tmp_path), "encoder", {"k": 1}, rounds=1)
     assert again.begin() is False

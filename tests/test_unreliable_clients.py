@@ -127,8 +127,14 @@ def test_trace_files_are_read_or_refused_in_one_line(tmp_path):
     with pytest.raises(UserError, match=r"must have the header round,client, got \['round', 'clients'\]"):
         read_availability_trace(str(tmp_path / "bad.csv"))
     (tmp_path / "bad.json").write_text('{"0": {"speed": -1}}')
-    with pytest.raises(UserError, match="-1 is not a positive number"):
+    with pytest.raises(UserError, match="-1 is not a positive finite number"):
         read_speed_trace(str(tmp_path / "bad.json"))
+    (tmp_path / "inf.json").write_text('{"0": {"speed": "inf"}}')
+    with pytest.raises(UserError, match="'inf' is not a positive finite number"):
+        read_speed_trace(str(tmp_path / "inf.json"))
+    (tmp_path / "huge.json").write_text('{"1e400": [0]}')
+    with pytest.raises(UserError, match="'1e400' is not a round or client id"):
+        read_availability_trace(str(tmp_path / "huge.json"))
 
 
 @pytest.mark.parametrize(

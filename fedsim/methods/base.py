@@ -71,11 +71,12 @@ class Method:
     one client for the initial parameters). Declared by each class itself, never inherited: a subclass that does not
     declare it gets True, so new server-side torch work cannot run unprepared."""
     config_defaults: ClassVar[Mapping[str, Mapping[str, Any]]] = {}
-    #: the server half aggregates whatever replies arrive, so sources that drop out, fail or miss a deadline
-    #: (the ``clients`` section) can apply to it; a method that needs every reply it asks for keeps False
-    copes_with_missing_replies: ClassVar[bool] = False
     """Config values this method changes from the library's defaults, per section (e.g. FedOD's 3 rounds, as in
     Su et al. 2022); a user's file or override still wins."""
+    copes_with_missing_replies: ClassVar[bool] = False
+    """True when the server half aggregates whatever replies arrive, so that sources that drop out, fail or miss a
+    deadline (the ``clients`` section) can apply to it. Declared by each class itself, never inherited: a subclass
+    that does not declare it gets False, so a method that needs every reply is never given fewer."""
     registry_name: ClassVar[str] = ""
     """The name it is registered under (set by the registry)."""
     operations: ClassVar[frozenset[str]] = frozenset()
@@ -86,6 +87,8 @@ class Method:
         super().__init_subclass__(**kwargs)
         if "server_needs_torch" not in vars(cls):
             cls.server_needs_torch = True
+        if "copes_with_missing_replies" not in vars(cls):
+            cls.copes_with_missing_replies = False
         cls.operations = frozenset(
             name
             for klass in cls.__mro__
@@ -183,7 +186,9 @@ class Method:
         return dict(state.get("weights", {}))
 
     def close(self) -> None:
-        """The run is over, finished or not: release what the server half holds (files, locks). Default: nothing."""
+        """The run is over, finished or not: release what the server half holds (files, locks). Default: nothing.
+        The local backend calls it; on the Ray backend the server actor is killed instead, and the end of its
+        process releases the same (files closed, locks freed)."""
 
     # ---- client half ------------------------------------------------------
     def init_client(self, data: ClientData) -> Any:

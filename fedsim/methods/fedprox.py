@@ -19,6 +19,8 @@ from fedsim.registry import METHODS
 class FedProx(FedAvg):
     """FedProx (Li et al. 2020): FedAvg plus the proximal term mu/2 ||w - w_global||^2."""
 
+    copes_with_missing_replies = True  # it aggregates the replies that arrive
+
     server_needs_torch = False
     vectorized_operations = {"fit": "fit_vectorized"}  # the proximal term batched too (proximal_mu)
 

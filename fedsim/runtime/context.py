@@ -80,6 +80,16 @@ class RoundContext:
             return self.executor.run(instructions, self.round, replay=self.setup)
         return self.clients.call(self.executor, operation, instructions)
 
+    def bytes_of(self, operation: str) -> tuple[int, int]:
+        """The bytes sent and received so far by the calls of ``operation`` (the executor's count, all rounds)."""
+        sent, received, _ = self.executor.stage_bytes.get(operation, (0, 0, 0))
+        return sent, received
+
+    def count_replayed(self, operation: str, sent: int, received: int) -> None:
+        """Count the bytes of an exchange that a run replays from a stage cache instead of running it: the
+        simulated federation made that exchange, so its bytes are the run's as if it had."""
+        self.executor.count(operation, sent, received)
+
 
 def _for_client(value: PerClient[T], client_id: int) -> Optional[T]:
     if callable(value):

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -274,7 +275,7 @@ def _integer(value, key: str, path: str) -> int:
         if number != int(number) or number < 0:
             raise ValueError
         return int(number)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         raise UserError(f"{key} {path!r}: {value!r} is not a round or client id (an integer >= 0)") from None
 
 
@@ -283,6 +284,6 @@ def _positive(value, key: str, path: str) -> float:
         number = float(value)
     except (TypeError, ValueError):
         number = 0.0
-    if not number > 0:
-        raise UserError(f"{key} {path!r}: {value!r} is not a positive number")
+    if not (number > 0 and math.isfinite(number)):
+        raise UserError(f"{key} {path!r}: {value!r} is not a positive finite number")
     return number

@@ -107,7 +107,7 @@ def committed_kinds(entries: list[Committed], keys: set[str]) -> dict[str, tuple
             continue
         try:
             variants = variant_keys(entry.spec)
-        except Exception as exc:  # a committed spec the code no longer reads: its trials match no kind
+        except Exception as exc:  # a committed spec this code cannot read: its trials match no kind
             log.warning("%s: not read (%s); its trials are left out of the kinds' committed times", entry.spec, exc)
             continue
         for row in trial_rows(entry.csv_path).values():

@@ -4,9 +4,11 @@ A grid's trials often begin with the same stage: every FedDaDiL and DaDiL trial 
 first trains the same FedAvg encoder on the sources. :class:`StageCache` keeps such a stage's server state after
 each of its rounds, and each round's metrics, in ``<run.cache_dir>/<stage>-<key>.npz``, where the key is the
 SHA-256 of everything the stage's result depends on (the caller lists it: data, model, seed, the rounds' local
-settings, the device, the library versions). A run that finds the file replays the rounds from it, with no client
-work and no bytes on the wire, and continues with the same state it would have computed, so its numbers are the
-same either way. A run that does not find it computes the rounds and writes the file after the stage's last round.
+settings, the clients' device and threads; this module adds fedsim's source and the library versions). A run that
+finds the file replays the rounds from it, with no client work, and continues with the same state it would have
+computed; each replayed round counts the bytes its exchange cost when it was computed, so its numbers, bytes
+included, are the same either way. A run that does not find it computes the rounds and writes the file after the
+stage's last round.
 
 Runs that start the same stage at once take turns: the first holds a lock file (``fcntl.flock``) from the stage's
 first round to its last, and the others wait on it, then read what it wrote. A directory that cannot be written
@@ -16,11 +18,12 @@ file system every node mounts is shared by every trial; a node-local one by the 
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, NamedTuple, Optional
 
 import numpy as np
 
@@ -39,15 +42,25 @@ def stage_key(parts: dict[str, Any]) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:24]
 
 
+class StoredRound(NamedTuple):
+    """One round of a stage: the server state's tensors after it, its metrics, and the bytes its exchange cost."""
+
+    tensors: dict
+    metrics: dict
+    operation: str
+    sent: int
+    received: int
+
+
 class StageCache:
     """The rounds ``1..rounds`` of one stage: each round's tensors (a dict of arrays) and metrics (plain values)."""
 
     def __init__(self, directory: str, stage: str, parts: dict[str, Any], rounds: int):
-        self.name = f"{stage}-{stage_key(parts)}"
-        self.directory = Path(directory)
+        self.name = f"{stage}-{stage_key({**parts, 'source': source_digest(), 'versions': library_versions()})}"
+        self.directory = Path(directory).expanduser()
         self.rounds = rounds
-        self.stored: Optional[dict[int, tuple[dict, dict]]] = None  # what was read: round -> (tensors, metrics)
-        self.computed: Optional[dict[int, tuple[dict, dict]]] = None  # what this run computes from the first round
+        self.stored: Optional[dict[int, StoredRound]] = None  # what was read, by round
+        self.computed: Optional[dict[int, StoredRound]] = None  # what this run computes from the first round
         self._lock = None
 
     def begin(self) -> bool:
@@ -64,19 +77,24 @@ class StageCache:
         self.computed = {}
         return False
 
-    def replay(self, rnd: int) -> Optional[tuple[dict, dict]]:
-        """Round ``rnd``'s stored (tensors, metrics), or None when this run computes the stage."""
+    def replay(self, rnd: int) -> Optional[StoredRound]:
+        """Round ``rnd`` as stored, or None when this run computes the stage."""
         return None if self.stored is None else self.stored[rnd]
 
-    def record(self, rnd: int, tensors: dict, metrics: dict) -> None:
+    def record(self, rnd: int, stored: StoredRound) -> None:
         """Keep a computed round; after the stage's last round, write the file and let waiting runs go on."""
         if self.computed is None:  # resumed in the middle of the stage: its first rounds are not here
             return
-        self.computed[rnd] = ({k: np.array(v, copy=True) for k, v in tensors.items()}, json.loads(json.dumps(metrics)))
+        tensors = {k: np.array(v, copy=True) for k, v in stored.tensors.items()}
+        self.computed[rnd] = stored._replace(tensors=tensors, metrics=json.loads(json.dumps(stored.metrics)))
         if rnd == self.rounds:
-            arrays = {f"r{r}/{name}": value for r, (saved, _) in self.computed.items() for name, value in saved.items()}
-            metrics_text = json.dumps({str(r): m for r, (_, m) in self.computed.items()})
-            arrays[_METRICS] = np.frombuffer(metrics_text.encode("utf-8"), dtype=np.uint8)
+            arrays = {
+                f"r{r}/{name}": value for r, kept in self.computed.items() for name, value in kept.tensors.items()
+            }
+            rounds = {
+                str(r): [kept.metrics, kept.operation, kept.sent, kept.received] for r, kept in self.computed.items()
+            }
+            arrays[_METRICS] = np.frombuffer(json.dumps(rounds).encode("utf-8"), dtype=np.uint8)
             save_arrays(self.directory, self.name, arrays)
             self.computed = None
             self.release()
@@ -87,15 +105,16 @@ class StageCache:
             self._lock.close()  # closing the file releases its flock
             self._lock = None
 
-    def _rounds_of(self, arrays: dict[str, np.ndarray]) -> Optional[dict[int, tuple[dict, dict]]]:
+    def _rounds_of(self, arrays: dict[str, np.ndarray]) -> Optional[dict[int, StoredRound]]:
         if _METRICS not in arrays:
             return None
-        metrics = json.loads(bytes(arrays.pop(_METRICS)).decode("utf-8"))
-        rounds: dict[int, tuple[dict, dict]] = {int(r): ({}, m) for r, m in metrics.items()}
+        rounds = json.loads(bytes(arrays.pop(_METRICS)).decode("utf-8"))
+        tensors: dict[int, dict] = {int(r): {} for r in rounds}
         for key, value in arrays.items():
             rnd, name = key.split("/", 1)
-            rounds[int(rnd[1:])][0][name] = value
-        return rounds if sorted(rounds) == list(range(1, self.rounds + 1)) else None
+            tensors[int(rnd[1:])][name] = value
+        stored = {int(r): StoredRound(tensors[int(r)], m, op, sent, got) for r, (m, op, sent, got) in rounds.items()}
+        return stored if sorted(stored) == list(range(1, self.rounds + 1)) else None
 
     def _locked(self):
         """An open lock file holding an exclusive flock (waiting for it), or None where that is not possible."""
@@ -112,14 +131,18 @@ class StageCache:
 
 
 def library_versions() -> dict[str, str]:
-    """The versions a stored stage's numbers depend on beyond its settings (a cache directory outlives neither a
-    change of fedsim's code under the same version nor one of these: give each grid its own, as sweeps do)."""
-    from importlib import metadata
-
+    """The versions a stored stage's numbers depend on beyond its settings."""
     import torch
 
-    try:
-        fedsim_version = metadata.version("fedsim-da")
-    except metadata.PackageNotFoundError:
-        fedsim_version = "unknown"
-    return {"fedsim": fedsim_version, "torch": torch.__version__, "numpy": np.__version__}
+    return {"torch": torch.__version__, "cuda": str(torch.version.cuda), "numpy": np.__version__}
+
+
+@functools.lru_cache(maxsize=1)
+def source_digest() -> str:
+    """SHA-256 of fedsim's own Python source (every ``.py`` file of the package, by relative path): a changed line
+    of code is another key, whatever the package's version says."""
+    root = Path(__file__).resolve().parents[2]  # the fedsim package
+    digest = hashlib.sha256()
+    for path in sorted(root.rglob("*.py")):
+        digest.update(str(path.relative_to(root)).encode("utf-8") + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()

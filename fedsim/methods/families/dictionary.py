@@ -31,7 +31,7 @@ from fedsim.methods.base import Method, ServerState, client_operation
 from fedsim.methods.common.aggregation import federated_average
 from fedsim.methods.common.classifier import GlobalClassifier
 from fedsim.methods.common.dictionary import atom_tensors, check_batch_size, num_atoms
-from fedsim.methods.common.stage_cache import StageCache, library_versions
+from fedsim.methods.common.stage_cache import StageCache, StoredRound
 from fedsim.methods.common.training import encode_in_chunks, load_numpy, model_to_numpy
 
 logger = logging.getLogger(__name__)
@@ -62,17 +62,23 @@ class EncoderStage:
         self.uses_encoder = self.rounds > 0
         self.feature_dim = host.config.model.hidden if self.uses_encoder else federation.input_shape[0]
         self.classifier = GlobalClassifier(host.config, federation, self.device) if self.uses_encoder else None
-        cache_dir = host.config.run.cache_dir
         self.cache = (
-            StageCache(cache_dir, "encoder", self.cache_parts(), self.rounds)
-            if cache_dir and self.uses_encoder
-            else None
+            StageCache(host.config.run.cache_dir, "encoder", self.cache_parts(), self.rounds) if self.cached() else None
+        )
+
+    def cached(self) -> bool:
+        """Whether the stage goes through ``run.cache_dir``: not with unreliable clients (their draws and clock
+        are the run's own) nor in a run that never finishes the stage (it would hold the lock to its end)."""
+        config = self.host.config
+        return bool(
+            config.run.cache_dir and self.uses_encoder and not config.clients.active and self.rounds < config.run.rounds
         )
 
     def cache_parts(self) -> dict:
         """Everything the encoder stage's result depends on: the data and model sections, the run's seed and client
-        sampling, the local settings of each encoder round, batched clients, the device and the library versions
-        (not the method: FedDaDiL and DaDiL with the same settings train the same encoder)."""
+        sampling, the local settings of each encoder round, the clients' resources (threads, GPUs) and the backend
+        that places them (not the method: FedDaDiL and DaDiL with the same settings train the same encoder);
+        :class:`StageCache` adds fedsim's source and the library versions."""
         config = self.host.config
         data = {k: v for k, v in config.to_dict()["data"].items() if k != "cache_dir"}
         return {
@@ -80,11 +86,10 @@ class EncoderStage:
             "model": config.to_dict()["model"],
             "seed": config.run.seed,
             "clients_per_round": config.run.clients_per_round,
-            "vectorize": config.resources.vectorize,
+            "resources": config.to_dict()["resources"],
+            "client_device": "cuda" if config.resources.gpus_per_client > 0 and config.run.backend == "ray" else "cpu",
             "rounds": self.rounds,
             "local": [dataclasses.asdict(self.round_settings(r)) for r in range(1, self.rounds + 1)],
-            "device": str(self.device),
-            "versions": library_versions(),
         }
 
     def round_settings(self, rnd: int):
@@ -132,13 +137,19 @@ class EncoderStage:
                 self.cache.begin()
             stored = self.cache.replay(ctx.round)
             if stored is not None:
-                weights, metrics = stored
-                return {**state, "weights": weights}, {**metrics, "stage": "encoder", "encoder_cache": "hit"}
+                ctx.count_replayed(stored.operation, stored.sent, stored.received)
+                return {**state, "weights": stored.tensors}, {
+                    **stored.metrics,
+                    "stage": "encoder",
+                    "encoder_cache": "hit",
+                }
         clients = self.host.sample_clients(ctx.round, self.federation.source_ids)
+        sent, received = ctx.bytes_of("fit")
         replies = ctx.call("fit", state["weights"], clients, local=self.round_settings(ctx.round))
         weights, metrics = federated_average(replies)
         if self.cache is not None:
-            self.cache.record(ctx.round, weights, metrics)
+            now_sent, now_received = ctx.bytes_of("fit")
+            self.cache.record(ctx.round, StoredRound(weights, metrics, "fit", now_sent - sent, now_received - received))
         return {**state, "weights": weights}, {**metrics, "stage": "encoder"}
 
     def evaluate_round(self, ctx, state: ServerState) -> dict:

@@ -139,7 +139,9 @@ class FedDaDiL(DictionaryMethod):
         metrics = {"dil_loss": loss, "ot_seconds": ot_seconds}
         return Reply(data.client_id, tensors, metrics, len(state["train_features"])), state
 
-    def local_steps(self, settings, train_x, data: ClientData, atoms, alpha, optimizer, generator) -> list:
+    def local_steps(
+        self, settings, train_x, data: ClientData, atoms, alpha, optimizer, generator
+    ) -> tuple[list, float]:
         """E epochs of n // n_b steps; returns the last epoch's losses and the seconds spent computing the losses
         (``ot_seconds``: the barycenters' fixed-point iterations and the transport to the client's batch, the
         costs included; the backward pass and the step left out). ``minibatch``: every step uses all the rows
