@@ -166,7 +166,8 @@ def test_feddann_and_fedmmd_differ_only_by_the_loss_object(toy_overrides):
         "Params",
         "make_domain_loss",
     }
-    allowed.update({"operations", "server_needs_torch"})  # set on every subclass by Method.__init_subclass__
+    # set on every subclass by Method.__init_subclass__ (copes_with_missing_replies: declared, never inherited)
+    allowed.update({"operations", "server_needs_torch", "copes_with_missing_replies"})
     allowed.add("domain_lr_scale")  # the learning rate of the loss's own parameters (DANN's discriminator)
     # FedMMD's batched form of the same fit (resources.vectorize=auto), equal to the loop's within rounding:
     # tests/test_vectorized_alignment.py
