@@ -276,21 +276,12 @@ def _absolute_paths(spec: SweepSpec, config) -> None:
             ]
 
 
-def _read_traces(config) -> None:
-    """The clients' trace files, read once here so that a bad one stops the grid before it starts."""
-    from fedsim.runtime.unreliable import read_availability_trace, read_speed_trace
-
-    if config.clients.availability_trace:
-        read_availability_trace(config.clients.availability_trace)
-    if config.clients.speed_trace:
-        read_speed_trace(config.clients.speed_trace)
-
-
 def prepare(spec: SweepSpec) -> tuple[dict[str, Any], dict[str, int]]:
     """Every grid point's config and client count: all bad input (the method's own scenario checks
     included) fails here, before Ray starts."""
     from fedsim.data.scenario import build_federation
     from fedsim.registry import METHODS
+    from fedsim.runtime.unreliable import UnreliableClients
 
     points = spec.points()
     first = spec.config_for(points[0])
@@ -307,6 +298,7 @@ def prepare(spec: SweepSpec) -> tuple[dict[str, Any], dict[str, int]]:
         if config.data not in federations:
             federations[config.data] = build_federation(config.data)
         METHODS.get(config.method.name).check_setting(config, federations[config.data])  # as `fedsim run` does
-        _read_traces(config)
+        if config.clients.active:  # its trace files read here, as a run's server reads them, before the grid starts
+            UnreliableClients(config.clients, federations[config.data], config.run.seed)
         clients[key] = len(federations[config.data].clients)
     return configs, clients
