@@ -114,6 +114,7 @@ BAD_SWEEPS = [
     (["--target", "dom1", "--set", "data.target=dom2"], "data.target given twice (--target and --set)"),
     (["--address", "127.0.0.1:1"], "cannot reach a Ray cluster at 127.0.0.1:1"),
     (["--resume"], "--resume takes the grid from the sweep's sweep.json: drop --set"),
+    (["--set", "clients.availability_trace=/nonexistent/trace.json"], "does not exist: name an existing .csv or .json"),
 ]
 
 
