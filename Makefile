@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet pip==26.3
 	# setuptools says that every editable install is one (an information, not a defect): that line alone is silenced
-	PYTHONWARNINGS='ignore:Editable installation' $(PY) -m pip install --quiet -c constraints.txt -e '.[test,detection]'
+	PYTHONWARNINGS='ignore:Editable installation' $(PY) -m pip install --quiet -c constraints.txt -e '.[test,detection,search]'
 	touch $(STAMP)
 
 run: $(STAMP)
