@@ -64,6 +64,14 @@ class DataConfig:
     normalization: str = "auto"
     """Feature standardization: "auto" (the benchmark's ``default_normalization``), "none", "federated" (one mean
     and spread from the clients' summed statistics) or "per-domain" (:mod:`fedsim.data.normalization`)."""
+    validation_fraction: float = 0.0
+    """The share of each source client's training part held out as its validation split
+    (``ClientData.validation``), in [0, 1): each class keeps round(fraction x its rows) of the client's rows apart,
+    drawn from ``seed`` and the domain; the target holds none. 0: none, every source row trains, as the papers'
+    protocols train on the whole source split. A model-selection score read on the sources' validation parts
+    (source_accuracy, source_loss, iwv, dev: ``run.scores``, ``fedsim sweep --select``) needs it set; DomainBed's
+    training-domain validation holds out 20 % (Gulrajani & Lopez-Paz, ICLR 2021): ``--set
+    data.validation_fraction=0.2``."""
     options: Any = field(default_factory=NoOptions)
     """The benchmark's own frozen dataclass (``Benchmark.Options``), set by ``data.<field>`` keys."""
 

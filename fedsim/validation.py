@@ -152,6 +152,11 @@ def _data_checks(data) -> list[tuple[bool, str]]:
             data.max_train_per_domain is None or data.max_train_per_domain > 0,
             "data.max_train_per_domain must be positive",
         ),
+        (
+            0 <= data.validation_fraction < 1,
+            f"data.validation_fraction must be in [0, 1), got {data.validation_fraction}: the share of each source "
+            "client's training part held out for validation (0: none; DomainBed holds out 0.2)",
+        ),
     ]
 
 

@@ -138,7 +138,8 @@ class ClientData:
     """What one client holds privately: never sent to the server.
 
     ``train.y`` is ``None`` for a target client: its labels are not available
-    for training, structurally. ``test`` is labeled, used for evaluation only.
+    for training, structurally. ``test`` is labeled, used for evaluation only; a
+    source's ``validation`` (when held out) for model selection only.
     """
 
     client_id: int
@@ -153,6 +154,10 @@ class ClientData:
     """The client's share of its domain's test split, labeled, for evaluation only."""
     num_classes: int
     """The federation's number of classes."""
+    validation: Optional[ArraySplit] = None
+    """A source client's validation part, labeled, held out of its training split (``data.validation_fraction``;
+    :func:`fedsim.data.scenario.load_client_data`): model-selection scores read it, nothing trains on it. None for
+    the target and when the fraction is 0."""
 
     @property
     def is_target(self) -> bool:

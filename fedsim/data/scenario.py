@@ -37,6 +37,9 @@ class ClientInfo:
     """The client's training samples."""
     num_test: int
     """The client's test samples."""
+    num_validation: int = 0
+    """The client's validation samples, held out of its training part (``data.validation_fraction``; 0 for the
+    target)."""
 
 
 @dataclass(frozen=True)
@@ -122,13 +125,51 @@ def _partition(
     return [np.sort(np.asarray(s, dtype=np.int64)) for s in shards]
 
 
+def _hold_out(labels: np.ndarray, indices: np.ndarray, fraction: float, rng, where: str) -> tuple[np.ndarray, ...]:
+    """(training, validation) rows of one source client's training ``indices``: each class keeps
+    round(fraction x its rows) apart, drawn from ``rng``, so that the validation part has the client's class
+    proportions (DomainBed's training-domain validation, Gulrajani & Lopez-Paz, ICLR 2021, stratified)."""
+    held = []
+    for cls in np.unique(labels[indices]):
+        members = indices[labels[indices] == cls]
+        count = int(np.floor(fraction * len(members) + 0.5))
+        if count >= len(members):
+            raise UserError(
+                f"class {int(cls)} has only {len(members)} training row(s) on {where}: data.validation_fraction="
+                f"{fraction} would hold out every one; lower data.validation_fraction (or --clients-per-domain)"
+            )
+        held.append(rng.permutation(members)[:count])
+    validation = np.sort(np.concatenate(held)).astype(np.int64)
+    if len(validation) == 0:
+        raise UserError(
+            f"{where} has {len(indices)} training rows, too few to hold out data.validation_fraction={fraction} of "
+            "any class: raise data.validation_fraction or lower --clients-per-domain"
+        )
+    return np.setdiff1d(indices, validation), validation
+
+
 @functools.lru_cache(maxsize=16)
-def _domain_partitions(data_config, domain: str) -> tuple[list[np.ndarray], list[np.ndarray]]:
+def _domain_partitions(data_config, domain: str) -> tuple[list[np.ndarray], list, list[np.ndarray]]:
+    """Each client's (training, validation, test) row indices in the domain; validation None for the target's
+    clients and with ``data.validation_fraction`` 0 (the training rows then untouched)."""
     loaded = get_domain(data_config, domain)
     k = data_config.clients_per_domain
     train = _partition(loaded.train_y, k, data_config, domain, "train", data_config.partition == "dirichlet")
     test = _partition(loaded.test_y, k, data_config, domain, "test", False)
-    return train, test
+    fraction = data_config.validation_fraction
+    if fraction == 0 or domain == data_config.target:
+        return train, [None] * k, test
+    if isinstance(loaded, DetectionDomain):
+        raise UserError(
+            f"data.validation_fraction={fraction} holds out classification rows and benchmark "
+            f"{data_config.benchmark!r} is a detection benchmark: leave data.validation_fraction at 0"
+        )
+    rng = numpy_rng(data_config.seed, domain, "train", "validation")
+    parts = [
+        _hold_out(loaded.train_y, rows, fraction, rng, f"client {i + 1} of {k} of domain {domain!r}")
+        for i, rows in enumerate(train)
+    ]
+    return [p[0] for p in parts], [p[1] for p in parts], test
 
 
 def build_federation(data_config) -> Federation:
@@ -163,15 +204,16 @@ def build_federation(data_config) -> Federation:
         loaded = get_domain(data_config, domain)
         shape = shape or loaded.input_shape
         classes = max(classes, loaded.num_classes)
-        train_parts, test_parts = _domain_partitions(data_config, domain)
+        train_parts, validation_parts, test_parts = _domain_partitions(data_config, domain)
         if min(len(p) for p in train_parts) == 0:
             raise UserError(
                 f"domain {domain!r} has too few training samples for {data_config.clients_per_domain} clients: lower "
                 "--clients-per-domain"
             )
-        for train_idx, test_idx in zip(train_parts, test_parts):
+        for train_idx, validation_idx, test_idx in zip(train_parts, validation_parts, test_parts):
             role = "target" if domain == data_config.target else "source"
-            clients.append(ClientInfo(len(clients), domain, role, len(train_idx), len(test_idx)))
+            held = 0 if validation_idx is None else len(validation_idx)
+            clients.append(ClientInfo(len(clients), domain, role, len(train_idx), len(test_idx), held))
     return Federation(data_config.benchmark, data_config.target, domains, tuple(clients), tuple(shape), classes)
 
 
@@ -187,8 +229,9 @@ def load_client_data(data_config, federation: Federation, client_id: int) -> Cli
     info = federation.info(client_id)
     loaded = get_domain(data_config, info.domain)
     first = next(c.client_id for c in federation.clients if c.domain == info.domain)
-    train_parts, test_parts = _domain_partitions(data_config, info.domain)
+    train_parts, validation_parts, test_parts = _domain_partitions(data_config, info.domain)
     train_idx, test_idx = train_parts[client_id - first], test_parts[client_id - first]
+    validation_idx = validation_parts[client_id - first]
     train_y = None if info.role == "target" else loaded.train_y[train_idx]
     train_targets = test_targets = None
     if isinstance(loaded, DetectionDomain):  # each image's boxes travel with the client's images, never reloaded
@@ -201,4 +244,7 @@ def load_client_data(data_config, federation: Federation, client_id: int) -> Cli
         train=ArraySplit(loaded.train_x[train_idx], train_y, train_targets),
         test=ArraySplit(loaded.test_x[test_idx], loaded.test_y[test_idx], test_targets),
         num_classes=federation.num_classes,
+        validation=None
+        if validation_idx is None
+        else ArraySplit(loaded.train_x[validation_idx], loaded.train_y[validation_idx]),
     )

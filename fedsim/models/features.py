@@ -15,7 +15,8 @@ alone, on those features: the same head a CPU trains in seconds whatever the bac
   the images are and stay there as the images did (a method sends what it sent before, computed on features).
 
 The cache: ``<data.cache_dir>/features-v1-<arch>-<benchmark>-<domain>-client<id>-<H>px-<digest>.npz``, arrays
-``train`` and ``test`` (N x width, float32), written atomically with a checksum inside (:mod:`fedsim.data.cache`).
+``train``, ``test`` and a source's held-out ``validation`` (N x width, float32), written atomically with a checksum
+inside (:mod:`fedsim.data.cache`).
 The digest is a sha256 over the client's images (training then test: they fix the benchmark, the domain, the
 client's split and the image size), the weights (the sha256 of the file's bytes, or the seed of random weights and
 the torch version), the architecture, the device kind (cpu or cuda compute slightly different sums) and
@@ -116,12 +117,17 @@ def cache_name(config, data: ClientData, device: str) -> str:
     """The cache file's name for one client's features (see the module docstring)."""
     model = config.model
     kind = torch.device(device).type
-    images = checksum({"train": data.train.x, "test": data.test.x})
+    images = checksum({"train": data.train.x, "test": data.test.x, **_validation_images(data)})
     key = "\0".join([VERSION, model.name, weights_key(model.name, model.weights), kind, images])
     digest = hashlib.sha256(key.encode()).hexdigest()
     safe = [re.sub(r"[^A-Za-z0-9_]+", "_", str(part))[:40] for part in (config.data.benchmark, data.domain)]
     size = data.train.x.shape[-1] if data.train.x.ndim == 4 else 0
     return f"features-{VERSION}-{model.name}-{safe[0]}-{safe[1]}-client{data.client_id}-{size}px-{digest[:20]}"
+
+
+def _validation_images(data: ClientData) -> dict:
+    """A source's validation images (``data.validation_fraction``) by name, or nothing."""
+    return {} if data.validation is None else {"validation": data.validation.x}
 
 
 def client_features(config, data: ClientData, device: str = "cpu") -> ClientData:
@@ -130,17 +136,18 @@ def client_features(config, data: ClientData, device: str = "cpu") -> ClientData
         return data
     arch = config.model.name
     width = ARCHITECTURES[arch]
-    for split in (data.train, data.test):
-        problem = image_shape_error(arch, tuple(split.x.shape[1:]))
+    images = {"train": data.train.x, "test": data.test.x, **_validation_images(data)}
+    for x in images.values():
+        problem = image_shape_error(arch, tuple(x.shape[1:]))
         if problem:
             raise UserError(problem)
     name = cache_name(config, data, device)
     arrays = load_arrays(config.data.cache_dir, name)
-    shapes = {"train": (len(data.train), width), "test": (len(data.test), width)}
+    shapes = {part: (len(x), width) for part, x in images.items()}
     if arrays is None or {k: v.shape for k, v in arrays.items()} != shapes:
         start = time.perf_counter()
         backbone = _backbone(arch, config.model.weights, weights_key(arch, config.model.weights), device)
-        arrays = {"train": extract(backbone, data.train.x, device), "test": extract(backbone, data.test.x, device)}
+        arrays = {part: extract(backbone, x, device) for part, x in images.items()}
         saved = save_arrays(config.data.cache_dir, name, arrays)
         log.info(
             "features: client %d (%s): %d + %d images through %s in %.1fs%s",
@@ -154,4 +161,7 @@ def client_features(config, data: ClientData, device: str = "cpu") -> ClientData
         )
     train = dataclasses.replace(data.train, x=arrays["train"].reshape(shapes["train"]))
     test = dataclasses.replace(data.test, x=arrays["test"].reshape(shapes["test"]))
-    return dataclasses.replace(data, train=train, test=test)
+    validation = data.validation
+    if validation is not None:
+        validation = dataclasses.replace(validation, x=arrays["validation"].reshape(shapes["validation"]))
+    return dataclasses.replace(data, train=train, test=test, validation=validation)

@@ -144,7 +144,10 @@ class ClientHost:
             mean, std = instruction.tensors["mean"], instruction.tensors["std"]
         train = dataclasses.replace(data.train, x=normalization.standardize(data.train.x, mean, std))
         test = dataclasses.replace(data.test, x=normalization.standardize(data.test.x, mean, std))
-        self._data[client_id] = dataclasses.replace(data, train=train, test=test)
+        validation = data.validation  # held out of the training part: scaled by its statistics, never in them
+        if validation is not None:
+            validation = dataclasses.replace(validation, x=normalization.standardize(validation.x, mean, std))
+        self._data[client_id] = dataclasses.replace(data, train=train, test=test, validation=validation)
         return Reply(client_id, {}, {}, num_examples=len(data.train))
 
     def export_states(self) -> dict[int, Any]:
