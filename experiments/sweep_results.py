@@ -1,5 +1,6 @@
 """Results of `fedsim sweep`: Tune's ResultGrid -> one record per trial (:func:`collect_records`),
-written as ``results.csv`` and ``rounds.csv`` (:func:`write_results`)."""
+written as ``results.csv`` and ``rounds.csv`` (:func:`write_results`); the records are what
+:func:`fedsim.experiments.selection.select` chooses among."""
 
 from __future__ import annotations
 
@@ -123,8 +124,15 @@ def collect_records(result_grid, spec: SweepSpec, configs: dict[str, Any]) -> li
     return records
 
 
+def score_columns(records: list[dict]) -> list[str]:
+    """The ``score_<name>`` keys of any record's summary, sorted: the label-free selection scores the runs
+    report (:mod:`fedsim.experiments.selection`)."""
+    return sorted({k for r in records for k in (r.get("summary") or {}) if k.startswith("score_")})
+
+
 def write_results(out: Path, records: list[dict]) -> tuple[Path, Path]:
-    """``results.csv`` (one row per trial) and ``rounds.csv`` (one row per trial and round)."""
+    """``results.csv`` (one row per trial, then one column per score any trial reports, empty where a trial has
+    none) and ``rounds.csv`` (one row per trial and round)."""
     param_names: list[str] = []
     for record in records:
         param_names += [k for k in record["params"] if k not in param_names]
@@ -146,11 +154,19 @@ def write_results(out: Path, records: list[dict]) -> tuple[Path, Path]:
     )
     if any(r.get("error") for r in records):
         fields.append("error")
+    scores = score_columns(records)
     with results_path.open("w", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=fields)
+        writer = csv.DictWriter(fh, fieldnames=fields + scores)
         writer.writeheader()
         for r in records:
-            writer.writerow({**{k: r.get(k) for k in fields if k not in param_names}, **r["params"]})
+            summary = r.get("summary") or {}
+            writer.writerow(
+                {
+                    **{k: r.get(k) for k in fields if k not in param_names},
+                    **r["params"],
+                    **{k: summary.get(k) for k in scores},
+                }
+            )
     with rounds_path.open("w", newline="") as fh:
         writer = csv.DictWriter(
             fh, fieldnames=["trial_id", "round", "target_accuracy", "mean_source_accuracy", "bytes_total"]
