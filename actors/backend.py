@@ -18,6 +18,7 @@ import ray
 from fedsim.actors.client import KILL_ENV, KILL_PHASES
 from fedsim.actors.executor import ActorSpec, RayExecutor
 from fedsim.actors.plugins import actor_runtime_env, job_runtime_env, plugins_of
+from fedsim.actors.reaper import Watchdog
 from fedsim.actors.server import RemoteServer
 from fedsim.errors import UserError, first_line
 from fedsim.registry import METHODS
@@ -29,6 +30,8 @@ log = logging.getLogger(__name__)
 RAY_AUTH_LOGGER = "ray._private.authentication.authentication_token_setup"
 #: wall-clock stamps (time.time()) of the last run's start-up and shutdown phases, read by the overhead benchmark
 TIMINGS: dict[str, float] = {}
+#: the watchdog of the cluster this process started (:mod:`fedsim.actors.reaper`), None while it has none
+_WATCHDOG: Watchdog | None = None
 
 
 def check_reachable(address: str) -> None:
@@ -77,21 +80,47 @@ def connect(address: str | None, num_cpus: int | None = None, runtime_env: dict 
         if address:
             ray.init(address=address, **kwargs)
         else:  # "local": a fresh cluster even when a 'ray start' one is running (joining it takes --address auto)
+            _watch_own_cluster()
             with quiet_logger(RAY_AUTH_LOGGER):
                 ray.init(address="local", num_cpus=num_cpus or os.cpu_count(), **kwargs)
     except ConnectionError as exc:
-        raise UserError(
-            f"cannot connect to a Ray cluster at {address!r} ({str(exc).splitlines()[0]}): "
-            "start one with 'ray start --head', or omit --address for a local cluster; if the cluster uses token "
-            "authentication, set RAY_AUTH_MODE=token and RAY_AUTH_TOKEN_PATH"
-        ) from None
+        _stop_watchdog()
+        raise _connection_error(address, exc) from None
     except (TypeError, ValueError) as exc:  # Ray's checks of the runtime environment
+        _stop_watchdog()
         if not runtime_env:
             raise
         raise UserError(
             f"Ray refused the runtime environment {runtime_env!r} ({first_line(exc)}): fix ray.runtime_env"
         ) from None
+    except BaseException:
+        _stop_watchdog()
+        raise
     return True
+
+
+def _connection_error(address: str | None, exc: ConnectionError) -> UserError:
+    return UserError(
+        f"cannot connect to a Ray cluster at {address!r} ({str(exc).splitlines()[0]}): "
+        "start one with 'ray start --head', or omit --address for a local cluster; if the cluster uses token "
+        "authentication, set RAY_AUTH_MODE=token and RAY_AUTH_TOKEN_PATH"
+    )
+
+
+def _watch_own_cluster() -> None:
+    """Mark this process's environment and start the watchdog that kills the cluster's processes if this process
+    is killed before it shuts them down (:mod:`fedsim.actors.reaper`)."""
+    global _WATCHDOG
+    _stop_watchdog()
+    _WATCHDOG = Watchdog()
+    _WATCHDOG.start()
+
+
+def _stop_watchdog() -> None:
+    global _WATCHDOG
+    if _WATCHDOG is not None:
+        _WATCHDOG.stop()
+        _WATCHDOG = None
 
 
 def gpus_or_cpu(gpus_per_client: float, cluster_gpus: float) -> float:
@@ -177,6 +206,7 @@ def shutdown_own_cluster() -> None:
             info.process.kill()
             info.process.wait(timeout=1)
     ray.shutdown()
+    _stop_watchdog()
 
 
 class ClusterStart:
