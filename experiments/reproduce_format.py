@@ -24,6 +24,7 @@ KEYS = {
         "columns",
         "claims",
         "series",
+        "select",
         "quick",
     },
     "benchmark": {"targets", "seeds", "set", "run_set", "benchmark", "data_root"},
@@ -32,12 +33,16 @@ KEYS = {
     "claim": {"claim", "order", "metric", "strict", "benchmark", "target", "per_target"},
     "series": {"metric", "title", "runs", "benchmark", "target", "split"},
     "quick": {"seeds", "targets", "set", "run_set", "runs", "benchmarks"},
+    "select": {"scores", "groups"},
+    "select group": {"runs", "default"},
 }
 REQUIRED = {
     "spec": ("paper", "benchmarks", "runs", "rows"),
     "row": ("name",),
     "claim": ("claim", "order"),
     "series": ("metric", "runs"),
+    "select": ("scores", "groups"),
+    "select group": ("runs",),
 }
 
 
@@ -90,3 +95,19 @@ class Claim:
     benchmark: Optional[str]
     target: Optional[str]  # None: the mean over the benchmark's targets (or each target with per_target)
     per_target: bool = False
+
+
+@dataclass
+class SelectGroup:
+    name: str
+    runs: list[str]  # the candidates, in the order a tie is broken
+    default: Optional[str]  # the run a user would run untuned (None: the group names none)
+
+
+@dataclass
+class Selection:
+    """A spec's ``select:``: the scores that choose among each group's runs, without target labels
+    (:mod:`fedsim.experiments.selection`)."""
+
+    scores: list[str]  # score names as the runs' summaries carry them, without ``score_``
+    groups: dict[str, SelectGroup]

@@ -1,7 +1,9 @@
 """The plots of `fedsim reproduce`, per benchmark: final target metric of every row per target
 (``accuracy-<benchmark>.png``, bars = mean over seeds, whiskers = sample std), target accuracy per round
 of every run (``accuracy_per_round-<benchmark>.png``, one panel per target) and the spec's per-round
-series (``series-<metric>.png``, e.g. FedDaDiL's atom drift for several local epochs)."""
+series (``series-<metric>.png``, e.g. FedDaDiL's atom drift for several local epochs); with the spec's ``select:``,
+after them, the selection report beside table.md (``selection.md``, ``selection.csv``, ``selection.png``:
+:func:`fedsim.experiments.reproduce_results.write_selection_report`)."""
 
 from __future__ import annotations
 
@@ -9,8 +11,9 @@ from pathlib import Path
 
 import numpy as np
 
-from fedsim.experiments.reproduce_results import cell, value_under
+from fedsim.experiments.reproduce_results import cell, value_under, write_selection_report
 from fedsim.experiments.reproduce_spec import PaperSpec
+from fedsim.experiments.selection import FILES as SELECTION_FILES
 
 
 def _panels(count: int, width: float = 6.0, height: float = 3.8):
@@ -110,9 +113,11 @@ def plot_rounds(
 
 
 def plot_names(spec: PaperSpec) -> list[str]:
-    """The files :func:`write_plots` writes for ``spec``: two plots per benchmark, then one per series."""
+    """The files :func:`write_plots` writes for ``spec``: two plots per benchmark, one per series, then the
+    selection report of a spec with ``select:``."""
     names = [name for bench in spec.benchmarks for name in (f"accuracy-{bench}.png", f"accuracy_per_round-{bench}.png")]
-    return names + [f"series-{series['metric']}.png" for series in spec.series]
+    names += [f"series-{series['metric']}.png" for series in spec.series]
+    return names + (list(SELECTION_FILES) if spec.select else [])
 
 
 def write_plots(spec: PaperSpec, records: list[dict], lines: list[dict], out: Path) -> list[Path]:
@@ -146,4 +151,4 @@ def write_plots(spec: PaperSpec, records: list[dict], lines: list[dict], out: Pa
                 series.get("title", ""),
             )
         )
-    return written
+    return written + write_selection_report(spec, records, out)

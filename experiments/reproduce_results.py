@@ -1,6 +1,7 @@
 """The results of `fedsim reproduce`: trial records -> the results table (one line per row x target x seed,
-``results.csv``, read back by :func:`read_results_csv`), ``table.md`` (mean ± sample std over seeds) and
-``claims.md`` (each claim checked on the seeds' paired differences, see :func:`check_claim`).
+``results.csv``, read back by :func:`read_results_csv`), ``table.md`` (mean ± sample std over seeds),
+``claims.md`` (each claim checked on the seeds' paired differences, see :func:`check_claim`) and, for a spec with
+``select:``, the selection among runs without target labels (:func:`write_selection_report`).
 
 A row's metric is a reference into its run's results:
 
@@ -20,7 +21,9 @@ import numpy as np
 
 from fedsim.errors import UserError
 from fedsim.experiments.grouping import format_mean_std, mean_std
+from fedsim.experiments.reproduce_format import DEFAULT_METRICS
 from fedsim.experiments.reproduce_spec import Claim, PaperSpec
+from fedsim.experiments.selection import SelectionRow, check_scores, mean_over, select, write_selection
 
 REDUCERS = {
     "mean": lambda v: v,
@@ -50,15 +53,21 @@ def metric_value(record: dict, ref: str) -> Optional[float]:
     return float(np.mean(picked)) if picked else None
 
 
+def trial_of(trials: dict, record: dict) -> tuple[Optional[str], Optional[str], Optional[str], Optional[int]]:
+    """(run, benchmark, target, seed) of a trial record, from the spec's ``trials()``: the seed is the sweep's seed
+    axis, else the one in the grid point's name; all None for a record of no grid point of the spec."""
+    variant, seed = record["params"].get("variant"), record["params"].get("seed")
+    run, bench, target, own_seed = trials.get(variant, (None, None, None, None))
+    return run, bench, target, own_seed if seed is None else seed
+
+
 def results_rows(spec: PaperSpec, records: list[dict]) -> list[dict]:
     """One line per table row x variant x seed, with every metric of the row (``target``, ``source``, ...)."""
     where = spec.trials()
     lines = []
     for row in spec.rows:
         for record in records:
-            variant, seed = record["params"].get("variant"), record["params"].get("seed")
-            run, bench, target, own_seed = where.get(variant, (None, None, None, None))
-            seed = own_seed if seed is None else seed
+            run, bench, target, seed = trial_of(where, record)
             if run != row.run:
                 continue
             line = {
@@ -373,3 +382,61 @@ def claims_text(spec: PaperSpec, lines: list[dict]) -> str:
     if not spec.claims:
         out.append("(this spec states no claims)")
     return "\n".join(out) + "\n"
+
+
+def selection_records(spec: PaperSpec, records: list[dict]) -> list[dict]:
+    """The trial records in the shape :func:`fedsim.experiments.selection.select` reads: params ``run`` and
+    ``seed``, the spec's benchmark and target, the run's target accuracy and its sources' mean accuracy (the table's
+    ``target`` and ``source``), the summary (its ``score_<name>`` numbers)."""
+    where = spec.trials()
+    out = []
+    for record in records:
+        run, bench, target, seed = trial_of(where, record)
+        if run is not None:
+            out.append(
+                {
+                    "trial_id": record.get("trial_id"),
+                    "status": record.get("status"),
+                    "params": {"run": run, "seed": seed},
+                    "benchmark": bench,
+                    "target": target,
+                    "target_accuracy": metric_value(record, DEFAULT_METRICS["target"]),
+                    "mean_source_accuracy": metric_value(record, DEFAULT_METRICS["source"]),
+                    "summary": record.get("summary") or {},
+                }
+            )
+    return out
+
+
+def selection_rows(spec: PaperSpec, records: list[dict]) -> list[SelectionRow]:
+    """The spec's ``select:`` on the trial records: per group, benchmark and target the default, each score's pick
+    among the group's runs and the oracle; then, per group and benchmark with several targets, their mean over the
+    targets. No ``select:``: no rows."""
+    if spec.select is None:
+        return []
+    trials = selection_records(spec, records)
+    if any(t["status"] == "finished" for t in trials):
+        check_scores(trials, spec.select.scores)  # one line before any group is chosen
+    rows = []
+    for group in spec.select.groups.values():
+        order = {run: i for i, run in enumerate(group.runs)}  # a tie goes to the run the group lists first
+        members = sorted(
+            ({**t, "params": {"group": group.name, **t["params"]}} for t in trials if t["params"]["run"] in order),
+            key=lambda t: order[t["params"]["run"]],
+        )
+        default = {"run": group.default} if group.default else None
+        per_target = select(members, spec.select.scores, ["group", "benchmark", "target"], ["run"], default)
+        for bench, settings in spec.benchmarks.items():
+            on_bench = [r for r in per_target if dict(r.group)["benchmark"] == bench]
+            rank = {t: i for i, t in enumerate(settings["targets"])}
+            on_bench.sort(key=lambda r: rank.get(dict(r.group)["target"], len(rank)))
+            rows += on_bench + mean_over(on_bench, "target")
+    return rows
+
+
+def write_selection_report(spec: PaperSpec, records: list[dict], out: Path) -> list[Path]:
+    """``selection.md``, ``selection.csv`` and ``selection.png`` of the spec's ``select:`` (nothing without one)."""
+    if spec.select is None:
+        return []
+    rows = selection_rows(spec, records)
+    return write_selection(out, rows, spec.select.scores, f"{spec.paper}: selection without target labels")

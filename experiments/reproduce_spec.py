@@ -4,8 +4,10 @@ A spec names the runs (a shipped config + overrides), the benchmarks and target 
 the seeds (the spec's, or a benchmark's or a run's own: a run's win over its benchmark's), the rows of the
 table (a run and the metrics read from its summary: several rows may read one run, e.g. FedDaDiL's R and E
 predictors), the paper's claims as orderings of rows on a metric,
-per-round series to plot, and a ``quick`` section that shrinks the grid to a smoke test (its ``benchmarks``
-appends settings to one benchmark's ``set`` / ``run_set``, e.g. fewer encoder rounds on images only).
+per-round series to plot, the label-free selection among runs (``select``: the scores that choose among each
+group's runs, :mod:`fedsim.experiments.selection`), and a ``quick`` section that shrinks the grid to a smoke test
+(its ``benchmarks`` appends settings to one benchmark's ``set`` / ``run_set``, e.g. fewer encoder rounds on images
+only).
 Every trial is one run x benchmark x target x seed; :func:`to_sweep` turns the grid into the
 :class:`fedsim.experiments.sweep_grid.SweepSpec` that `fedsim sweep`'s machinery runs as Ray Tune trials.
 The format is documented in ``docs/reproducing.md``; its keys are checked by
@@ -22,7 +24,17 @@ from pathlib import Path
 from typing import Any, Optional
 
 from fedsim.errors import UserError
-from fedsim.experiments.reproduce_format import DEFAULT_METRICS, Claim, Row, check_keys, seed_list, strings
+from fedsim.experiments.reproduce_format import (
+    DEFAULT_METRICS,
+    Claim,
+    Row,
+    SelectGroup,
+    Selection,
+    check_keys,
+    seed_list,
+    strings,
+)
+from fedsim.experiments.selection import NAME, SCORE_PREFIX
 from fedsim.experiments.sweep_grid import VARIANT_KEY, SweepSpec
 
 SPECS_DIR = Path(__file__).parent / "specs"
@@ -73,6 +85,7 @@ class PaperSpec:
         ]
         for s in self.series:
             self._known("run", s["runs"], self.runs, f"series {s['metric']}")
+        self.select = self._select(raw["select"]) if "select" in raw else None
 
     def _known(self, kind: str, names: list[str], valid: dict, where: str) -> None:
         for name in names:
@@ -122,6 +135,54 @@ class PaperSpec:
             raw.get("target"),
             bool(raw.get("per_target", False)),
         )
+
+    def _select(self, raw: Any) -> Selection:
+        """``select:``: scores (names of :data:`fedsim.selection.SCORES`, without ``score_``) and groups of two or
+        more runs that run the same seeds, each with an optional default among its runs."""
+        from fedsim.selection import SCORES
+
+        where = f"spec {self.name}: select"
+        raw = check_keys("select", raw, where)
+        scores = strings(raw["scores"], f"{where}.scores")
+        if not scores:
+            raise UserError(f"{where}.scores lists no score: give e.g. [source_accuracy, entropy, snd]")
+        for name in scores:
+            if name.startswith(SCORE_PREFIX):
+                raise UserError(
+                    f"{where}.scores names {name!r}: give it without the prefix, {name[len(SCORE_PREFIX) :]!r}"
+                )
+            if not NAME.match(name):
+                raise UserError(
+                    f"{where}.scores names {name!r}: a score's name is lower-case letters, digits and _, e.g. snd"
+                )
+            self._known("score", [name], SCORES, f"{where}.scores")
+        if len(set(scores)) != len(scores):
+            raise UserError(f"{where}.scores lists a score twice: {scores!r}")
+        if not isinstance(raw["groups"], dict) or not raw["groups"]:
+            raise UserError(f"{where}.groups must map a group's name to its runs, e.g. fedavg: {{runs: [a, b]}}")
+        groups = {}
+        for name, group in raw["groups"].items():
+            at = f"{where}.groups.{name}"
+            group = check_keys("select group", group, at)
+            runs = strings(group["runs"], f"{at}.runs")
+            self._known("run", runs, self.runs, at)
+            if len(runs) < 2 or len(set(runs)) != len(runs):
+                raise UserError(f"{at}.runs must list two or more runs, each once, to choose among: got {runs!r}")
+            default = group.get("default")
+            if default is not None and default not in runs:
+                raise UserError(f"{at}: default {default!r} is not one of its runs ({', '.join(runs)})")
+            for bench in self.benchmarks:
+                seeds = {
+                    run: self.seeds_of(run, bench) for _, run, b, _ in self.variants() if b == bench and run in runs
+                }
+                if len({tuple(v) for v in seeds.values()}) > 1:
+                    listed = "; ".join(f"{run}: {', '.join(map(str, v))}" for run, v in seeds.items())
+                    raise UserError(
+                        f"{at}: its runs run different seeds on {bench} ({listed}): give them the same seeds, "
+                        "a selection compares means over the same seeds"
+                    )
+            groups[str(name)] = SelectGroup(str(name), runs, default)
+        return Selection(scores, groups)
 
     # ---- the grid -----------------------------------------------------------
     def variants(self) -> list[tuple[str, str, str, str]]:
@@ -255,6 +316,19 @@ def shrink(spec: PaperSpec, quick: bool, seeds: Optional[list[int]]) -> PaperSpe
             raw["runs"] = {k: v for k, v in raw["runs"].items() if k in small["runs"]}
             raw["rows"] = [r for r in raw["rows"] if r.get("run", r["name"]) in raw["runs"]]
             raw["series"] = [s for s in raw.get("series", []) if set(s["runs"]) <= set(raw["runs"])]
+            if "select" in raw:  # each group keeps its runs of the quick grid; one left has nothing to choose
+                groups = {}
+                for name, group in raw["select"]["groups"].items():
+                    runs = [r for r in group["runs"] if r in raw["runs"]]
+                    if len(runs) >= 2:
+                        groups[name] = {
+                            "runs": runs,
+                            **({"default": group["default"]} if group.get("default") in runs else {}),
+                        }
+                if groups:
+                    raw["select"] = {**raw["select"], "groups": groups}
+                else:
+                    del raw["select"]
             kept = {r["name"] for r in raw["rows"]}
             raw["claims"] = [
                 c
