@@ -487,13 +487,3 @@ def write_selection(
     written = [md, write_csv(out / "selection.csv", rows), plot_selection(rows, scores, out / "selection.png")]
     log.info("selection report: %s", ", ".join(p.name for p in written))
     return written
-
-
-def sweep_keys(records: list[dict]) -> tuple[list[str], list[str]]:
-    """A sweep's (group_by, candidate_keys): a group per method and per swept data setting (``data.*``: the
-    benchmark, the target), the candidates the other grid values (local epochs, ``--set`` axes), never the seed."""
-    keys: list[str] = []
-    for r in records:
-        keys += [k for k in r.get("params", {}) if k not in keys and k != SEED_KEY]
-    group_by = [k for k in keys if k == "method" or k.startswith("data.")]
-    return group_by, [k for k in keys if k not in group_by]
