@@ -86,7 +86,17 @@ CONCRETE = TOP - {"__init__", "base", "common", "families"}
 #: and models stand apart), and a concrete method is imported by concrete methods only (the registry finds it by name).
 FLOORS = (
     ("ground", ("fedsim.errors", "fedsim.seeding", "fedsim.messages", "fedsim.optim")),
-    ("library", ("fedsim.registry", "fedsim.discovery", "fedsim.validation", "fedsim.config", "fedsim.data")),
+    (
+        "library",
+        (
+            "fedsim.registry",
+            "fedsim.discovery",
+            "fedsim.validation",
+            "fedsim.config",
+            "fedsim.data",
+            "fedsim.selection",
+        ),
+    ),
     ("toolkits", ("fedsim.ot", "fedsim.detection", "fedsim.models", "fedsim.losses")),
     ("method pieces", ("fedsim.methods.common",)),
     ("method interface", ("fedsim.methods", "fedsim.methods.base")),
