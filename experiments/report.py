@@ -105,7 +105,9 @@ def load_sweep(path: Path) -> list[dict]:
         for row in csv.DictReader(fh):
             record = {k: _number(v) for k, v in row.items() if k in fixed}
             record["trial_id"] = row["trial_id"]
-            record["params"] = {k: _number(v) for k, v in row.items() if k not in fixed}
+            # a trial's label-free selection scores (score_<name>) are results, not grid parameters
+            record["params"] = {k: _number(v) for k, v in row.items() if k not in fixed and not k.startswith("score_")}
+            record["summary"] = {k: _number(v) for k, v in row.items() if k.startswith("score_") and v != ""}
             record["history"] = sorted(histories.get(row["trial_id"], []), key=lambda h: h["round"])
             records.append(record)
     if not records:

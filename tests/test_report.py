@@ -130,3 +130,14 @@ def test_bad_directories_one_line_exit_2(setup, expected, tmp_path, capsys):
 def test_missing_directory(tmp_path, capsys):
     assert main(["report", str(tmp_path / "nope")]) == 2
     assert "is not a directory" in capsys.readouterr().err
+
+
+def test_a_sweeps_selection_scores_read_back_as_results_not_as_grid_parameters(tmp_path):
+    records = [_record("a", "fedavg", 1, 0, [0.5]), _record("b", "fedavg", 1, 1, [0.7])]
+    records[0]["summary"] = {"score_entropy": -0.25, "score_snd": 3.5}
+    records[1]["summary"] = {"score_entropy": -0.75, "score_snd": 3.0}
+    write_results(tmp_path, records)
+    _, loaded = load_records(tmp_path)
+    assert [r["params"] for r in loaded] == [{"method": "fedavg", "local_epochs": 1, "seed": s} for s in (0, 1)]
+    assert [r["summary"] for r in loaded] == [records[0]["summary"], records[1]["summary"]]
+    assert "| fedavg | 1 | 0,1 | 0.6000 ± 0.1414 |" in markdown_table(loaded)
