@@ -186,6 +186,12 @@ class RunConfig:
     """Write TensorBoard events to ``tb/`` in the run directory."""
     progress: bool = True
     """Show a progress bar over the rounds."""
+    scores: str = "auto"
+    """The model-selection scores each evaluation reports as ``score_<name>`` (:data:`fedsim.selection.SCORES`,
+    every one higher-is-better and computed without target labels): "auto", the cheap scores whose inputs exist
+    (source_accuracy and source_loss only with ``data.validation_fraction`` above 0); "none"; or a comma list of
+    names (iwv and dev, on request only, add one exchange of feature moments to the evaluation). Detection methods
+    report none."""
     cache_dir: Optional[str] = None
     """Where stages that runs share are kept once computed (FedDaDiL's and DaDiL's encoder stage;
     :mod:`fedsim.methods.common.stage_cache`), keyed by all they depend on; the numbers, bytes included, are the

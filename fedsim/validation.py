@@ -252,6 +252,28 @@ def validate(config) -> None:
         if not ok:
             raise UserError(message)
     check_missing_replies(config)
+    check_scores(config)
+
+
+def check_scores(config) -> None:
+    """``run.scores`` resolved against the data (:func:`fedsim.selection.resolve_scores`: an unknown name, or a
+    source-validation score without ``data.validation_fraction``, is one line); a detection method reports no
+    score, so naming one there is refused."""
+    from fedsim.registry import METHODS
+    from fedsim.selection import resolve_scores
+
+    scores = str(config.run.scores).strip()
+    if METHODS.get(config.method.name).task != "classification":
+        if scores not in ("auto", "none"):
+            raise UserError(
+                f"run.scores={scores} names model-selection scores, which are computed from a classifier's logits "
+                f"and method {config.method.name!r} is a detection method: leave run.scores at auto (or none)"
+            )
+        return
+    try:
+        resolve_scores(scores, has_validation=config.data.validation_fraction > 0)
+    except UserError as exc:
+        raise UserError(f"run.scores={scores}: {exc}") from None
 
 
 def check_task_pair(method_cls, benchmark_name: str) -> None:

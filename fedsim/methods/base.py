@@ -22,6 +22,7 @@ coordinates) stays in the client's process and never appears in a Reply.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, Callable, ClassVar, Iterable, Mapping
 
 import numpy as np
@@ -31,6 +32,7 @@ from fedsim.data.base import ClientData
 from fedsim.data.scenario import Federation
 from fedsim.messages import Instruction, LocalSettings, Reply, Tensors
 from fedsim.methods.common.evaluation import summarize_evaluation
+from fedsim.methods.common.selection_hooks import density_payload, requested_scores
 from fedsim.seeding import derive_seed
 
 ServerState = dict
@@ -173,13 +175,27 @@ class Method:
         return state["weights"]
 
     def evaluate_round(self, ctx, state: ServerState) -> dict:
-        """Every client evaluates; the replies become the round's accuracy metrics."""
-        replies = ctx.call("evaluate", self.evaluation_tensors(state), self.federation.client_ids)
+        """Every client evaluates; the replies become the round's accuracy and selection-score metrics."""
+        tensors = self.selection_payload(ctx, self.evaluation_tensors(state))
+        replies = ctx.call("evaluate", tensors, self.federation.client_ids)
         return self.summarize_evaluation(ctx.round, replies)
 
+    @cached_property
+    def selection_scores(self) -> tuple[str, ...]:
+        """The model-selection scores every evaluation reports (``run.scores`` resolved; none for detection)."""
+        return requested_scores(self.config, self.task)
+
+    def selection_payload(self, ctx, tensors, values=None):
+        """What the evaluation sends: ``tensors`` (shared, or a function of the client id), with the density ratio
+        of iwv/dev added for the sources when those scores are requested, after one exchange of feature moments
+        (``evaluate`` with ``values``; :func:`fedsim.methods.common.selection_hooks.density_payload`). A method
+        that overrides :meth:`evaluate_round` passes its evaluation's tensors through it."""
+        return density_payload(self, ctx, tensors, values)
+
     def summarize_evaluation(self, rnd: int, replies: Replies) -> dict:
-        """Evaluation replies -> round metrics (default: pooled accuracy per domain; detection overrides it)."""
-        return summarize_evaluation(self.federation, replies)
+        """Evaluation replies -> round metrics (default: pooled accuracy per domain and the ``score_*`` of
+        :attr:`selection_scores`; detection overrides it)."""
+        return summarize_evaluation(self.federation, replies, self.selection_scores)
 
     def global_tensors(self, state: ServerState) -> dict:
         """The tensors that define the global model (compared across backends in tests)."""

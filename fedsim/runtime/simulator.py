@@ -131,7 +131,9 @@ class Simulator:
     def summary(self, wall_seconds: float) -> dict:
         last_evaluated = next(m for m in reversed(self.history) if m.get("evaluated"))
         extra = {
-            k: v for k, v in last_evaluated.items() if k.startswith(("target_accuracy_", "source_accuracy_", "final_"))
+            k: v
+            for k, v in last_evaluated.items()
+            if k.startswith(("target_accuracy_", "source_accuracy_", "final_", "score_"))
         }
         return {
             **extra,

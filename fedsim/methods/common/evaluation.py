@@ -1,20 +1,25 @@
-"""The round's accuracy metrics from the clients' evaluation replies: the default summary of every method."""
+"""The round's accuracy and selection-score metrics from the clients' evaluation replies: the default summary of
+every method."""
 
 from __future__ import annotations
 
-from typing import Mapping
+from typing import Mapping, Sequence
 
 import numpy as np
 
 from fedsim.data.scenario import Federation
 from fedsim.messages import Reply
+from fedsim.methods.common.selection_hooks import combine_selection
 
 
-def summarize_evaluation(federation: Federation, replies: Mapping[int, Reply]) -> dict:
-    """Pool correct/total counts per domain: target accuracy and per-domain source accuracy.
+def summarize_evaluation(federation: Federation, replies: Mapping[int, Reply], scores: Sequence[str] = ()) -> dict:
+    """Pool correct/total counts per domain: target accuracy and per-domain source accuracy; and the
+    model-selection ``scores`` from the replies' statistics (``score_<name>``,
+    :func:`fedsim.methods.common.selection_hooks.combine_selection`).
 
     A method reporting several predictors sends ``correct_<name>`` next to
-    ``correct``; they become ``target_accuracy_<name>`` and ``source_accuracy_<name>``.
+    ``correct``; they become ``target_accuracy_<name>`` and ``source_accuracy_<name>`` (and its selection
+    statistics ``score_<score>_<name>``).
     """
     variants = sorted({k[len("correct_") :] for r in replies.values() for k in r.metrics if k.startswith("correct_")})
     metrics: dict = {}
@@ -32,4 +37,5 @@ def summarize_evaluation(federation: Federation, replies: Mapping[int, Reply]) -
             metrics[f"mean_source_accuracy{suffix}"] = float(np.mean(list(sources.values())))
         if federation.target in accuracy:
             metrics[f"target_accuracy{suffix}"] = accuracy[federation.target]
+    metrics.update(combine_selection(federation, replies, scores))
     return metrics
