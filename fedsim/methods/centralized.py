@@ -34,6 +34,7 @@ from fedsim.messages import Instruction, Reply
 from fedsim.methods.base import Method, ServerState, client_operation
 from fedsim.methods.common.classifier import GlobalClassifier
 from fedsim.methods.common.pooling import gather_sources, labeled_upload
+from fedsim.methods.common.selection_hooks import ClassifierPredictor, model_tensors, selection_reply
 from fedsim.methods.common.training import model_to_numpy
 from fedsim.registry import METHODS
 
@@ -75,6 +76,9 @@ class Centralized(Method):
 
     @client_operation
     def evaluate(self, instruction: Instruction, state: Any, data: ClientData) -> tuple[Reply, Any]:
-        """Every client (the target included) tests the broadcast weights, as in FedAvg."""
-        metrics = self.classifier.evaluate(state["model"], instruction.tensors, data.test)
-        return Reply(data.client_id, {}, metrics, num_examples=len(data.test)), state
+        """Every client (the target included) tests the broadcast weights, as in FedAvg; the selection statistics of
+        the same model (features: ``model.features``)."""
+        metrics = self.classifier.evaluate(state["model"], model_tensors(instruction), data.test)
+        reply = Reply(data.client_id, {}, metrics, num_examples=len(data.test))
+        predictor = ClassifierPredictor(state["model"], self.device)
+        return selection_reply(self.selection_scores, instruction, data, reply, {"": predictor}), state

@@ -16,8 +16,8 @@ features, and its labels if it is a source, to the server. Raw data crossing
 the wire is the point of this baseline (and is counted in ``bytes_received``);
 the target's labels are never uploaded. The barycentric coordinates of every
 domain live in the server state and travel to each client with the evaluation.
-Everything else (atom initialization, encoder stage, DaDiL-R / DaDiL-E evaluation) is FedDaDiL's, through the same
-common pieces.
+Everything else (atom initialization, encoder stage, DaDiL-R / DaDiL-E evaluation and their selection scores) is
+FedDaDiL's, through the same common pieces.
 """
 
 from __future__ import annotations
@@ -32,7 +32,8 @@ from fedsim.messages import Instruction, Reply
 from fedsim.methods.base import ServerState, client_operation
 from fedsim.methods.common import dictionary as dil
 from fedsim.methods.common import dictionary_sampling as sampling
-from fedsim.methods.common.dictionary_predictors import EVAL_EVERY, evaluate_predictors, with_client_seconds
+from fedsim.methods.common.dictionary_predictors import EVAL_EVERY, evaluate_and_apply, with_client_seconds
+from fedsim.methods.common.selection_hooks import FixedOutputs, selection_inputs, selection_reply
 from fedsim.methods.families.dictionary import DictionaryMethod
 from fedsim.registry import METHODS
 
@@ -119,12 +120,12 @@ class DaDiL(DictionaryMethod):
         if self.encoder.is_encoder_round(ctx.round):
             return self.encoder.evaluate_round(ctx, state)
         alphas = state["alphas"]
-        replies = ctx.call(
-            "evaluate",
-            dil.atom_tensors(state),
-            self.federation.client_ids,
-            lambda cid: {"alpha": [float(a) for a in alphas[cid]]},
-        )
+
+        def values(cid: int) -> dict:
+            return {"alpha": [float(a) for a in alphas[cid]]}
+
+        tensors = self.selection_payload(ctx, dil.atom_tensors(state), values)
+        replies = ctx.call("evaluate", tensors, self.federation.client_ids, values)
         return with_client_seconds(self.summarize_evaluation(ctx.round, replies), replies, "predictor_seconds")
 
     # ---- client half ------------------------------------------------------
@@ -143,12 +144,22 @@ class DaDiL(DictionaryMethod):
 
     @client_operation
     def evaluate(self, instruction: Instruction, state: Any, data: ClientData) -> tuple[Reply, Any]:
-        """DaDiL-R and DaDiL-E with the alpha the server learned for this client's domain."""
+        """DaDiL-R and DaDiL-E with the alpha the server learned for this client's domain, and their selection
+        statistics on the client's encoded, standardized selection inputs (features, for iwv/dev: their logits)."""
         if "atoms_x" not in instruction.tensors:
             return self.encoder.evaluate(instruction, state, data)
         self.encoder.prepare(state, data, instruction.tensors)
         alpha, seed = torch.tensor(instruction.values["alpha"], dtype=torch.float32), instruction.seed
-        metrics = evaluate_predictors(
-            instruction.tensors, alpha, state["test_features"], data.test.y, self.params, seed
+        x = selection_inputs(self.selection_scores, data)
+        metrics, outputs = evaluate_and_apply(
+            instruction.tensors,
+            alpha,
+            state["test_features"],
+            data.test.y,
+            self.params,
+            seed,
+            None if x is None else self.encoder.standardized(state, x),
         )
-        return Reply(data.client_id, {}, metrics, num_examples=len(data.test)), state
+        reply = Reply(data.client_id, {}, metrics, num_examples=len(data.test))
+        predictors = {name: FixedOutputs(logits) for name, logits in outputs.items()}
+        return selection_reply(self.selection_scores, instruction, data, reply, predictors), state

@@ -18,6 +18,7 @@ from fedsim.data.base import ClientData
 from fedsim.messages import Instruction, Reply
 from fedsim.methods.base import Exchange, Replies, ServerState, SingleExchange, client_operation
 from fedsim.methods.common.aggregation import federated_average
+from fedsim.methods.common.selection_hooks import ClassifierPredictor, model_tensors, selection_reply
 from fedsim.registry import METHODS
 
 if TYPE_CHECKING:
@@ -99,5 +100,9 @@ class FedAvg(SingleExchange):
 
     @client_operation
     def evaluate(self, instruction: Instruction, state: Any, data: ClientData) -> tuple[Reply, Any]:
-        metrics = self.classifier.evaluate(state["model"], instruction.tensors, data.test)
-        return Reply(data.client_id, {}, metrics, num_examples=len(data.test)), state
+        """The global weights on the test part; the selection statistics of the same model (its features: the
+        encoder's, ``model.features``)."""
+        metrics = self.classifier.evaluate(state["model"], model_tensors(instruction), data.test)
+        reply = Reply(data.client_id, {}, metrics, num_examples=len(data.test))
+        predictor = ClassifierPredictor(state["model"], self.device)
+        return selection_reply(self.selection_scores, instruction, data, reply, {"": predictor}), state

@@ -37,6 +37,7 @@ from fedsim.errors import UserError
 from fedsim.messages import Instruction, Reply, Tensors
 from fedsim.methods.base import Exchange, Replies, ServerState, SingleExchange, client_operation
 from fedsim.methods.common.batchnorm import reestimate_bn
+from fedsim.methods.common.selection_hooks import ClassifierPredictor, model_tensors, selection_reply
 from fedsim.methods.common.training import evaluate_model, load_numpy, model_to_numpy
 from fedsim.methods.fedavg import FedAvg
 from fedsim.models.normalization import bn_keys, bn_layers
@@ -115,11 +116,12 @@ class FedBN(SingleExchange):
 
     @client_operation
     def evaluate(self, instruction: Instruction, state: Any, data: ClientData) -> tuple[Reply, Any]:
-        """The global weights with the client's own BN; the target re-estimates BN statistics (AdaBN) first."""
+        """The global weights with the client's own BN; the target re-estimates BN statistics (AdaBN) first. The
+        selection statistics are this model's (features: ``model.features``, with the client's BN)."""
         model = state["model"]
-        load_numpy(model, {**instruction.tensors, **self.own_bn(state)})
+        load_numpy(model, {**model_tensors(instruction), **self.own_bn(state)})
         if data.is_target and self.params.target_bn == "adabn" and bn_keys(model):
             reestimate_bn(model, data.train.x, self.device)  # inputs only: the target's train.y is None
-        return Reply(
-            data.client_id, {}, evaluate_model(model, data.test, self.device), num_examples=len(data.test)
-        ), state
+        reply = Reply(data.client_id, {}, evaluate_model(model, data.test, self.device), num_examples=len(data.test))
+        predictor = ClassifierPredictor(model, self.device)
+        return selection_reply(self.selection_scores, instruction, data, reply, {"": predictor}), state

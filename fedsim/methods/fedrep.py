@@ -28,7 +28,8 @@ has no head and no labels to train one. At evaluation only, each source sends it
 head (an evaluation-only exchange, ``share_head``: the head's parameters and its
 training-sample count, counted in bytes like any exchange) and the target predicts
 with the average of the sources' class probabilities softmax(head_k(phi(x))),
-weighted by sample count. What this discloses: each source's personal head and
+weighted by sample count (its selection scores read the same mixture p, as
+logits log p). What this discloses: each source's personal head and
 its number of training samples, to the server and the target, once per
 evaluation; heads never travel during training. Sources evaluate with their own
 head.
@@ -49,6 +50,7 @@ from fedsim.messages import Instruction, Reply
 from fedsim.methods.base import Method, ServerState, client_operation
 from fedsim.methods.common.aggregation import weighted_average
 from fedsim.methods.common.classifier import GlobalClassifier
+from fedsim.methods.common.selection_hooks import ClassifierPredictor, model_tensors, selection_reply
 from fedsim.methods.common.training import (
     evaluate_model,
     load_numpy,
@@ -142,7 +144,7 @@ class FedRep(Method):
         for cid, reply in sorted(heads.items()):
             payload.update({f"heads.{cid}.{key}": value for key, value in reply.tensors.items()})
             payload[f"heads.{cid}.count"] = np.asarray(float(reply.num_examples))
-        replies = ctx.call("evaluate", payload, self.federation.client_ids)
+        replies = ctx.call("evaluate", self.selection_payload(ctx, payload), self.federation.client_ids)
         return self.summarize_evaluation(ctx.round, replies)
 
     # ---- client half ------------------------------------------------------
@@ -185,28 +187,37 @@ class FedRep(Method):
 
     @client_operation
     def evaluate(self, instruction: Instruction, state: Any, data: ClientData) -> tuple[Reply, Any]:
-        body = {k: v for k, v in instruction.tensors.items() if not k.startswith("heads.")}
+        """A source: its own head; the target: the sources' heads' mixture. The selection statistics are the same
+        predictor's (features: phi(x), ``model.features``)."""
+        tensors = model_tensors(instruction)
+        body = {k: v for k, v in tensors.items() if not k.startswith("heads.")}
         model = state["model"]
         if not data.is_target:
             load_numpy(model, {**body, **self.own_head(state)})
-            return Reply(
-                data.client_id, {}, evaluate_model(model, data.test, self.device), num_examples=len(data.test)
-            ), state
-        return Reply(
-            data.client_id,
-            {},
-            self.mixture_metrics(model, body, instruction.tensors, data),
-            num_examples=len(data.test),
-        ), state
+            metrics, predictor = evaluate_model(model, data.test, self.device), ClassifierPredictor(model, self.device)
+        else:
+            metrics = self.mixture_metrics(model, body, tensors, data)
+            predictor = MixturePredictor(self, model, body, tensors)
+        reply = Reply(data.client_id, {}, metrics, num_examples=len(data.test))
+        return selection_reply(self.selection_scores, instruction, data, reply, {"": predictor}), state
 
     @torch.no_grad()
     def mixture_metrics(self, model: nn.Module, body: dict, tensors: dict, data: ClientData) -> dict[str, float]:
         """Accuracy and NLL of sum_k n_k softmax(head_k(phi(x))) / sum_k n_k on the target's test split."""
+        probabilities = self.mixture_probabilities(model, body, tensors, data.test.x)
+        y = torch.from_numpy(data.test.y)
+        correct = float((probabilities.argmax(1) == y).sum())
+        loss = float(-torch.log(probabilities[torch.arange(len(y)), y].clamp_min(1e-12)).sum())
+        return {"correct": correct, "total": float(len(y)), "loss_sum": loss}
+
+    @torch.no_grad()
+    def mixture_probabilities(self, model: nn.Module, body: dict, tensors: dict, x: np.ndarray) -> torch.Tensor:
+        """sum_k n_k softmax(head_k(phi(x))) / sum_k n_k (float64), the target's prediction."""
         sources = sorted({int(k.split(".")[1]) for k in tensors if k.startswith("heads.")})
         if not sources:
             raise ValueError("the target needs the sources' heads to predict (the share_head exchange)")
         counts = np.asarray([float(tensors[f"heads.{cid}.count"]) for cid in sources])
-        x, y = torch.from_numpy(data.test.x), torch.from_numpy(data.test.y)
+        x = torch.from_numpy(x)
         probabilities = torch.zeros(len(x), self.federation.num_classes, dtype=torch.float64)
         for cid, weight in zip(sources, counts / counts.sum()):
             prefix = f"heads.{cid}."
@@ -224,6 +235,17 @@ class FedRep(Method):
             model.eval()
             logits = torch.cat([model(x[i : i + 512].to(self.device)).cpu() for i in range(0, len(x), 512)])
             probabilities += weight * torch.softmax(logits.double(), dim=1)
-        correct = float((probabilities.argmax(1) == y).sum())
-        loss = float(-torch.log(probabilities[torch.arange(len(y)), y].clamp_min(1e-12)).sum())
-        return {"correct": correct, "total": float(len(y)), "loss_sum": loss}
+        return probabilities
+
+
+class MixturePredictor(ClassifierPredictor):
+    """The target's predictor for the selection scores: logits log p of the sources' heads' mixture p; features
+    phi(x) (the body every head shares)."""
+
+    def __init__(self, method: FedRep, model: nn.Module, body: dict, tensors: dict):
+        super().__init__(model, method.device)
+        self.method, self.body, self.tensors = method, body, tensors
+
+    def logits(self, x: np.ndarray) -> np.ndarray:
+        probabilities = self.method.mixture_probabilities(self.model, self.body, self.tensors, x)
+        return torch.log(probabilities.clamp_min(torch.finfo(torch.float64).tiny)).numpy()

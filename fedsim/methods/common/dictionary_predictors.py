@@ -9,6 +9,7 @@ SGD lr 1e-3, momentum 0.9, L2 penalty 1e-2, 100 epochs of shuffled mini-batches 
 from __future__ import annotations
 
 import time
+from typing import Optional
 
 import numpy as np
 import torch
@@ -57,27 +58,42 @@ def fit_classifier(x: torch.Tensor, y_soft: torch.Tensor, p: DictionaryParams, s
     return model.eval()
 
 
-@torch.no_grad()
-def predict_reconstruction(atoms_x, atoms_logits, alpha, x_test, p: DictionaryParams, seed: int) -> torch.Tensor:
-    """DaDiL-R: a net trained on the labeled reconstruction B(alpha; P) (at most ``eval_barycenter_iterations``
-    fixed-point iterations), applied to x_test."""
+def reconstruction_net(atoms_x, atoms_logits, alpha, p: DictionaryParams, seed: int) -> nn.Module:
+    """DaDiL-R's net, trained on the labeled reconstruction B(alpha; P) (at most ``eval_barycenter_iterations``
+    fixed-point iterations)."""
     with torch.enable_grad():
         generator = torch.Generator().manual_seed(seed)
         xb, yb = barycenter(atoms_x, atoms_logits, alpha, p, generator, iterations=p.eval_barycenter_iterations)
-        model = fit_classifier(xb, yb, p, seed)
-    return model(x_test).argmax(1)
+        return fit_classifier(xb, yb, p, seed)
+
+
+@torch.no_grad()
+def predict_reconstruction(atoms_x, atoms_logits, alpha, x_test, p: DictionaryParams, seed: int) -> torch.Tensor:
+    """DaDiL-R: :func:`reconstruction_net` applied to x_test."""
+    return reconstruction_net(atoms_x, atoms_logits, alpha, p, seed)(x_test).argmax(1)
+
+
+def atom_nets(atoms_x, atoms_logits, p: DictionaryParams, seed: int) -> list[nn.Module]:
+    """DaDiL-E's nets: one per atom, atom k's trained on its rows from seed + k."""
+    with torch.enable_grad():
+        return [
+            fit_classifier(atoms_x[k], torch.softmax(atoms_logits[k], -1), p, seed + k) for k in range(atoms_x.shape[0])
+        ]
+
+
+@torch.no_grad()
+def weighted_outputs(nets: list[nn.Module], alpha, x: torch.Tensor) -> torch.Tensor:
+    """The sum over the K atoms of alpha_k times net k's outputs (logits, as the authors' scripts weigh them)."""
+    scores = 0.0
+    for k, model in enumerate(nets):
+        scores = scores + alpha[k] * model(x)
+    return scores
 
 
 @torch.no_grad()
 def ensemble_scores(atoms_x, atoms_logits, alpha, x_test, p: DictionaryParams, seed: int) -> torch.Tensor:
-    """DaDiL-E's scores: one net per atom (atom k's net from seed + k), the sum over all K atoms of alpha_k times
-    net k's outputs (logits, as the authors' scripts weigh them)."""
-    scores = 0.0
-    for k in range(atoms_x.shape[0]):
-        with torch.enable_grad():
-            model = fit_classifier(atoms_x[k], torch.softmax(atoms_logits[k], -1), p, seed + k)
-        scores = scores + alpha[k] * model(x_test)
-    return scores
+    """DaDiL-E's scores: :func:`weighted_outputs` of :func:`atom_nets` on x_test."""
+    return weighted_outputs(atom_nets(atoms_x, atoms_logits, p, seed), alpha, x_test)
 
 
 def predict_ensemble(atoms_x, atoms_logits, alpha, x_test, p: DictionaryParams, seed: int) -> torch.Tensor:
@@ -90,19 +106,39 @@ def evaluate_predictors(
 ) -> dict:
     """Correct counts of DaDiL-R (``correct``) and DaDiL-E (``correct_E``) on one domain's test features, and the
     seconds their K + 1 predictors took (``predictor_seconds``)."""
+    return evaluate_and_apply(tensors, alpha, test_x, test_y, p, seed)[0]
+
+
+@torch.no_grad()
+def evaluate_and_apply(
+    tensors,
+    alpha: torch.Tensor,
+    test_x: torch.Tensor,
+    test_y: np.ndarray,
+    p: DictionaryParams,
+    seed: int,
+    x: Optional[torch.Tensor] = None,
+) -> tuple[dict, dict[str, np.ndarray]]:
+    """:func:`evaluate_predictors`'s metrics, and the same K + 1 predictors' outputs on ``x`` (none when None):
+    DaDiL-R's logits under "" and DaDiL-E's alpha-weighted logits under "E" (the names of ``correct`` and
+    ``correct_E``)."""
     started = time.perf_counter()
     atoms_x = torch.tensor(np.asarray(tensors["atoms_x"]))
     atoms_logits = torch.tensor(np.asarray(tensors["atoms_logits"]))
     seed = seed % (1 << 31)
     y = torch.from_numpy(test_y)
-    pred_r = predict_reconstruction(atoms_x, atoms_logits, alpha, test_x, p, seed)
-    pred_e = predict_ensemble(atoms_x, atoms_logits, alpha, test_x, p, seed)
-    return {
+    reconstruction = reconstruction_net(atoms_x, atoms_logits, alpha, p, seed)
+    nets = atom_nets(atoms_x, atoms_logits, p, seed)
+    pred_r = reconstruction(test_x).argmax(1)
+    pred_e = weighted_outputs(nets, alpha, test_x).argmax(1)
+    outputs = {} if x is None else {"": reconstruction(x).numpy(), "E": weighted_outputs(nets, alpha, x).numpy()}
+    metrics = {
         "correct": float((pred_r == y).sum()),
         "total": float(len(y)),
         "correct_E": float((pred_e == y).sum()),
         "predictor_seconds": time.perf_counter() - started,
     }
+    return metrics, outputs
 
 
 def with_client_seconds(metrics: dict, replies, name: str) -> dict:

@@ -40,6 +40,7 @@ from fedsim.losses import dann_schedule
 from fedsim.messages import Instruction, Reply
 from fedsim.methods.base import Method, Replies, ServerState, client_operation
 from fedsim.methods.common.alignment import TARGET_FEATURES, encode_subset
+from fedsim.methods.common.selection_hooks import ClassifierPredictor, selection_reply
 from fedsim.methods.common.training import (
     encode_in_chunks,
     evaluate_model,
@@ -296,6 +297,8 @@ class FADA(Method):
 
     @client_operation
     def evaluate(self, instruction: Instruction, state: Any, data: ClientData) -> tuple[Reply, Any]:
-        """Each client evaluates its own model on its labeled test part (target: G_t/C_t)."""
+        """Each client evaluates its own model on its labeled test part (target: G_t/C_t); the selection statistics
+        are that model's too (features: G's, ``FADANet.features``)."""
         reply = Reply(data.client_id, {}, evaluate_model(state["net"], data.test, self.device), len(data.test))
-        return reply, state
+        predictor = ClassifierPredictor(state["net"], self.device)
+        return selection_reply(self.selection_scores, instruction, data, reply, {"": predictor}), state

@@ -40,6 +40,7 @@ from fedsim.methods.common.alignment import (
 )
 from fedsim.methods.common.batchnorm import reestimate_bn
 from fedsim.methods.common.classifier import GlobalClassifier
+from fedsim.methods.common.selection_hooks import ClassifierPredictor, model_tensors, selection_reply
 from fedsim.methods.common.training import evaluate_model, load_numpy, model_to_numpy, train_epochs
 from fedsim.models.normalization import bn_keys
 from fedsim.seeding import derive_seed
@@ -140,14 +141,15 @@ class FeatureAlignment(AlignmentSchedule):
     @client_operation
     def evaluate(self, instruction: Instruction, state: Any, data: ClientData) -> tuple[Reply, Any]:
         """The global weights; the target, whose features were normalized by its own batches, with its own BN
-        statistics (AdaBN on its unlabeled training inputs)."""
+        statistics (AdaBN on its unlabeled training inputs). The selection statistics are this model's (features:
+        ``model.features``, the aligned ones)."""
         model = state["model"]
-        load_numpy(model, instruction.tensors)
+        load_numpy(model, model_tensors(instruction))
         if data.is_target and self.params.target_normalization == "batch" and bn_keys(model):
             reestimate_bn(model, data.train.x, self.device)  # inputs only: the target's train.y is None
-        return Reply(
-            data.client_id, {}, evaluate_model(model, data.test, self.device), num_examples=len(data.test)
-        ), state
+        reply = Reply(data.client_id, {}, evaluate_model(model, data.test, self.device), num_examples=len(data.test))
+        predictor = ClassifierPredictor(model, self.device)
+        return selection_reply(self.selection_scores, instruction, data, reply, {"": predictor}), state
 
     @client_operation
     def features(self, instruction: Instruction, state: Any, data: ClientData) -> tuple[Reply, Any]:

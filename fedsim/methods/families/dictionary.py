@@ -31,6 +31,7 @@ from fedsim.methods.base import Method, ServerState, client_operation
 from fedsim.methods.common.aggregation import federated_average
 from fedsim.methods.common.classifier import GlobalClassifier
 from fedsim.methods.common.dictionary import atom_tensors, check_batch_size, num_atoms
+from fedsim.methods.common.selection_hooks import ClassifierPredictor, model_tensors, selection_reply
 from fedsim.methods.common.stage_cache import StageCache, StoredRound
 from fedsim.methods.common.training import encode_in_chunks, load_numpy, model_to_numpy
 
@@ -154,7 +155,8 @@ class EncoderStage:
 
     def evaluate_round(self, ctx, state: ServerState) -> dict:
         """FedAvg's evaluation of the encoder-and-head classifier (every client ``evaluate``s the weights)."""
-        replies = ctx.call("evaluate", state["weights"], self.federation.client_ids)
+        tensors = self.host.selection_payload(ctx, state["weights"])
+        replies = ctx.call("evaluate", tensors, self.federation.client_ids)
         return self.host.summarize_evaluation(ctx.round, replies)
 
     def feature_payload(self, ctx, state: ServerState) -> Tensors:
@@ -181,8 +183,11 @@ class EncoderStage:
         return Reply(data.client_id, model_to_numpy(model), {"train_loss": loss}, num_examples=len(data.train)), state
 
     def evaluate(self, instruction: Instruction, state: Any, data: ClientData) -> tuple[Reply, Any]:
-        metrics = self.classifier.evaluate(state["model"], instruction.tensors, data.test)
-        return Reply(data.client_id, {}, metrics, num_examples=len(data.test)), state
+        """FedAvg's evaluation, and its selection statistics (features: the encoder's, ``model.features``)."""
+        metrics = self.classifier.evaluate(state["model"], model_tensors(instruction), data.test)
+        reply = Reply(data.client_id, {}, metrics, num_examples=len(data.test))
+        predictor = ClassifierPredictor(state["model"], self.device)
+        return selection_reply(self.host.selection_scores, instruction, data, reply, {"": predictor}), state
 
     @torch.no_grad()
     def encode(self, model: torch.nn.Module, x: np.ndarray) -> torch.Tensor:

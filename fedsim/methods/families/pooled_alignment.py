@@ -23,6 +23,7 @@ from fedsim.methods.common.alignment import AlignmentObjective, alignment_optimi
 from fedsim.methods.common.batchnorm import reestimate_bn
 from fedsim.methods.common.classifier import GlobalClassifier
 from fedsim.methods.common.pooling import gather_sources, gather_target_inputs, inputs_upload, labeled_upload
+from fedsim.methods.common.selection_hooks import ClassifierPredictor, model_tensors, selection_reply
 from fedsim.methods.common.training import evaluate_model, load_numpy, model_to_numpy, train_epochs
 from fedsim.methods.families.alignment import AlignmentSchedule
 from fedsim.models.normalization import bn_keys
@@ -96,11 +97,11 @@ class CentralizedAlignment(AlignmentSchedule):
     @client_operation
     def evaluate(self, instruction: Instruction, state: Any, data: ClientData) -> tuple[Reply, Any]:
         """The broadcast weights; the target with its own BN statistics (AdaBN on its unlabeled inputs) if the
-        model has BN."""
+        model has BN. The selection statistics are this model's (features: ``model.features``)."""
         model = state["model"]
-        load_numpy(model, instruction.tensors)
+        load_numpy(model, model_tensors(instruction))
         if data.is_target and bn_keys(model):
             reestimate_bn(model, data.train.x, self.device)
-        return Reply(
-            data.client_id, {}, evaluate_model(model, data.test, self.device), num_examples=len(data.test)
-        ), state
+        reply = Reply(data.client_id, {}, evaluate_model(model, data.test, self.device), num_examples=len(data.test))
+        predictor = ClassifierPredictor(model, self.device)
+        return selection_reply(self.selection_scores, instruction, data, reply, {"": predictor}), state

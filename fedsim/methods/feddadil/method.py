@@ -24,7 +24,8 @@ On raw-input benchmarks (images), and on vectors when ``encoder_rounds`` is posi
 rounds train an encoder with FedAvg on the sources, frozen afterwards
 (:class:`~fedsim.methods.families.dictionary.EncoderStage`). Evaluation: DaDiL-R (a net trained on the
 reconstruction B(alpha; atoms)) is ``target_accuracy``; DaDiL-E (per-atom nets weighted by alpha) is
-``target_accuracy_E``. Each client evaluates with its own alpha.
+``target_accuracy_E``. Each client evaluates with its own alpha; the selection scores of the two predictors are
+``score_<name>`` and ``score_<name>_E`` (their features, for iwv/dev: their logits).
 """
 
 from __future__ import annotations
@@ -40,7 +41,8 @@ from fedsim.messages import Instruction, Reply
 from fedsim.methods.base import ServerState, client_operation
 from fedsim.methods.common import dictionary as dil
 from fedsim.methods.common import dictionary_sampling as sampling
-from fedsim.methods.common.dictionary_predictors import EVAL_EVERY, evaluate_predictors, with_client_seconds
+from fedsim.methods.common.dictionary_predictors import EVAL_EVERY, evaluate_and_apply, with_client_seconds
+from fedsim.methods.common.selection_hooks import FixedOutputs, selection_inputs, selection_reply
 from fedsim.methods.families.dictionary import DictionaryMethod
 from fedsim.methods.feddadil.aggregation import aggregate_versions
 from fedsim.registry import METHODS
@@ -110,7 +112,8 @@ class FedDaDiL(DictionaryMethod):
     def evaluate_round(self, ctx, state: ServerState) -> dict:
         if self.encoder.is_encoder_round(ctx.round):
             return self.encoder.evaluate_round(ctx, state)
-        replies = ctx.call("evaluate", dil.atom_tensors(state), self.federation.client_ids)
+        tensors = self.selection_payload(ctx, dil.atom_tensors(state))
+        replies = ctx.call("evaluate", tensors, self.federation.client_ids)
         return with_client_seconds(self.summarize_evaluation(ctx.round, replies), replies, "predictor_seconds")
 
     # ---- client half ------------------------------------------------------
@@ -172,12 +175,21 @@ class FedDaDiL(DictionaryMethod):
 
     @client_operation
     def evaluate(self, instruction: Instruction, state: Any, data: ClientData) -> tuple[Reply, Any]:
-        """DaDiL-R and DaDiL-E with the client's own alpha (FedAvg's evaluation during the encoder stage)."""
+        """DaDiL-R and DaDiL-E with the client's own alpha (FedAvg's evaluation during the encoder stage), and
+        their selection statistics on the client's encoded, standardized selection inputs."""
         if "atoms_x" not in instruction.tensors:
             return self.encoder.evaluate(instruction, state, data)
         self.encoder.prepare(state, data, instruction.tensors)
-        alpha, seed = state["alpha"], instruction.seed
-        metrics = evaluate_predictors(
-            instruction.tensors, alpha, state["test_features"], data.test.y, self.params, seed
+        alpha, seed, x = state["alpha"], instruction.seed, selection_inputs(self.selection_scores, data)
+        metrics, outputs = evaluate_and_apply(
+            instruction.tensors,
+            alpha,
+            state["test_features"],
+            data.test.y,
+            self.params,
+            seed,
+            None if x is None else self.encoder.standardized(state, x),
         )
-        return Reply(data.client_id, {}, metrics, num_examples=len(data.test)), state
+        reply = Reply(data.client_id, {}, metrics, num_examples=len(data.test))
+        predictors = {name: FixedOutputs(logits) for name, logits in outputs.items()}
+        return selection_reply(self.selection_scores, instruction, data, reply, predictors), state
