@@ -98,6 +98,8 @@ def test_standardization_is_fitted_on_what_trains_and_applied_to_the_validation_
 
 # ---- scores reported by runs -------------------------------------------------------------------------------------
 SCORE_OVERRIDES = ["run.backend=local", "run.tensorboard=false", "data.normalization=federated"]
+#: the scores "auto" computes with a validation part, and SND (on request only)
+WITH_SND = ["run.scores=source_accuracy,source_loss,entropy,snd,mano"]
 FEDDADIL_FAST = [
     "method.name=feddadil",
     "method.samples_per_atom=40",
@@ -173,7 +175,7 @@ def _assert_scores(reported: dict, expected: dict) -> None:
 
 def test_fedavg_reports_the_cheap_scores_of_its_final_model(toy_overrides):
     config, federation, executor, server, history, summary = _simulate(
-        toy_overrides + SCORE_OVERRIDES + ["data.validation_fraction=0.2"]
+        toy_overrides + SCORE_OVERRIDES + WITH_SND + ["data.validation_fraction=0.2"]
     )
     model = _global_model(config, federation, server.state["weights"])
     validation_x, validation_y, target_x = _pooled(executor, federation)
@@ -186,7 +188,7 @@ def test_fedavg_reports_the_cheap_scores_of_its_final_model(toy_overrides):
 
 def test_without_a_validation_part_auto_reports_the_target_scores_only(toy_overrides):
     _, _, executor, _, _, summary = _simulate(toy_overrides + SCORE_OVERRIDES + ["run.rounds=1"])
-    assert {k for k in summary if k.startswith("score_")} == {"score_entropy", "score_snd", "score_mano"}
+    assert {k for k in summary if k.startswith("score_")} == {"score_entropy", "score_mano"}
     none = _simulate(toy_overrides + SCORE_OVERRIDES + ["run.rounds=1", "run.scores=none"])
     assert not any(k.startswith("score_") for k in none[5])
     assert none[5]["target_accuracy"] == summary["target_accuracy"]  # the scores change no number of the run
@@ -257,7 +259,7 @@ def _dictionary_outputs(config, federation, executor) -> dict:
 
 def test_feddadil_reports_the_scores_of_each_predictor(toy_overrides):
     config, federation, executor, server, history, summary = _simulate(
-        toy_overrides + SCORE_OVERRIDES + FEDDADIL_FAST + ["data.validation_fraction=0.2"]
+        toy_overrides + SCORE_OVERRIDES + FEDDADIL_FAST + WITH_SND + ["data.validation_fraction=0.2"]
     )
     outputs = _dictionary_outputs(config, federation, executor)
     _, validation_y, _ = _pooled(executor, federation)
@@ -339,7 +341,7 @@ def test_target_statistics_never_read_a_target_label(toy_overrides, method):
 
     from fedsim.runtime import Server
 
-    overrides = toy_overrides + SCORE_OVERRIDES + GUARDED_METHODS[method] + ["data.validation_fraction=0.2"]
+    overrides = toy_overrides + SCORE_OVERRIDES + GUARDED_METHODS[method] + WITH_SND + ["data.validation_fraction=0.2"]
     config = load_config(None, overrides)
     federation = build_federation(config.data)
     executor = RecordingExecutor(config, federation)

@@ -332,8 +332,8 @@ def test_overflowing_importance_weights_stop_with_a_numerical_error(pooled):
 
 
 def test_auto_asks_for_the_cheap_scores_whose_inputs_exist():
-    assert resolve_scores("auto", has_validation=True) == ("source_accuracy", "source_loss", "entropy", "snd", "mano")
-    assert resolve_scores("auto", has_validation=False) == ("entropy", "snd", "mano")
+    assert resolve_scores("auto", has_validation=True) == ("source_accuracy", "source_loss", "entropy", "mano")
+    assert resolve_scores("auto", has_validation=False) == ("entropy", "mano")  # snd, iwv, dev: on request
     assert resolve_scores("none", has_validation=True) == ()
     assert resolve_scores(" snd, entropy,snd", has_validation=False) == ("snd", "entropy")
     assert resolve_scores(["dev", "iwv"], has_validation=True) == ("dev", "iwv")

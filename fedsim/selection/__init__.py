@@ -11,14 +11,15 @@ the scores (every one oriented so that higher is better, as skada's scorers are)
   training inputs; the client sends n and the sum of entropies.
 * ``snd`` (Saito et al., ICCV 2021): soft neighborhood density of the target's softmax outputs (temperature
   0.05), computed whole on each target client (it needs every pair of rows); the client sends n and its value, and
-  several target clients combine as the n-weighted mean.
+  several target clients combine as the n-weighted mean. On request only (not "auto"): its cost grows with the
+  square of the target client's rows.
 * ``mano`` (Xie et al., NeurIPS 2024): the scaled L4 matrix norm of the target's normalized logits, softmax or the
   order-2 Taylor normalization as the pooled criterion decides; each target client sends K, n and three sums.
 * ``iwv`` (Sugiyama et al., JMLR 2007) and ``dev`` (You et al., ICML 2019): the sources' validation losses weighed
   by the density ratio w = p_target / p_source. One more exchange: every client first sends its feature moments
   (count, sum, scatter: 1 + d + d*d numbers, :func:`moment_statistics`), the server fits the ratio
-  (:func:`fit_density_ratio`: d + 1 numbers, :class:`DensityRatio`) and sends it to the sources, which send 1 (iwv)
-  or 4 (dev) weighted sums. Requested only (not "auto").
+  (:func:`fit_density_ratio`: d + 1 numbers, :class:`DensityRatio`) and sends it to the sources, which send 2 (iwv)
+  or 4 (dev) weighted sums. iwv is self-normalized (sum w l / sum w). Requested only (not "auto").
 
 :func:`resolve_scores` checks a request; :func:`combine_statistics` forms ``{"score_<name>": value}``. The
 centralized definitions on pooled arrays live in :mod:`fedsim.selection.reference`. Modules:

@@ -74,8 +74,11 @@ def mano_score(logits, norm_order: int = 4, threshold: float = 5.0) -> float:
 
 
 def iwv_score(logits, labels, log_weights) -> float:
-    """Minus the importance-weighted mean loss (1/n) sum_i w(x_i) l(x_i) (Sugiyama et al., JMLR 2007)."""
-    return float(-np.mean(np.exp(np.asarray(log_weights, dtype=np.float64)) * _cross_entropies(logits, labels)))
+    """Minus the self-normalized importance-weighted loss sum_i w(x_i) l(x_i) / sum_i w(x_i) (Sugiyama et al., JMLR
+    2007; normalized by the weights' sum as skada's ImportanceWeightedScorer, so that the scale of an estimated
+    density ratio, which differs from one model's features to another's, does not decide a comparison)."""
+    weights = np.exp(np.asarray(log_weights, dtype=np.float64))
+    return float(-np.sum(weights * _cross_entropies(logits, labels)) / np.sum(weights))
 
 
 def dev_score(logits, labels, log_weights) -> float:

@@ -70,8 +70,9 @@ SCORES: dict[str, Score] = {
             "Domain Adaptation via Soft Neighborhood Density, ICCV 2021",
             needs_validation=False,
             needs_density=False,
-            cheap=True,
-            description="soft neighborhood density of the target's softmax outputs (temperature 0.05)",
+            cheap=False,  # its similarity matrix grows with the square of the target's rows (digits: a minute)
+            description="soft neighborhood density of the target's softmax outputs (temperature 0.05); on request: "
+            "its cost grows with the square of the target client's rows",
         ),
         Score(
             "mano",
@@ -89,7 +90,8 @@ SCORES: dict[str, Score] = {
             needs_validation=True,
             needs_density=True,
             cheap=False,
-            description="minus the importance-weighted mean loss on the sources' validation parts",
+            description="minus the self-normalized importance-weighted loss on the sources' validation parts, "
+            "sum w l / sum w",
         ),
         Score(
             "dev",

@@ -105,12 +105,10 @@ def _weighted_loss_sums(loss: np.ndarray, log_weights, with_dev: bool) -> dict[s
     with np.errstate(over="ignore", invalid="ignore"):  # an overflow is reported below, with its cause
         weights = np.exp(log_w)
         weighted = weights * loss
-        sums = {"weighted_loss_sum": math.fsum(weighted)}
+        sums = {"weighted_loss_sum": math.fsum(weighted), "weight_sum": math.fsum(weights)}
         if with_dev:
             sums.update(
-                weight_sum=math.fsum(weights),
-                weight_sq_sum=math.fsum(weights * weights),
-                weighted_loss_weight_sum=math.fsum(weighted * weights),
+                weight_sq_sum=math.fsum(weights * weights), weighted_loss_weight_sum=math.fsum(weighted * weights)
             )
     if not all(math.isfinite(value) for value in sums.values()):
         raise NumericalError(
@@ -240,7 +238,7 @@ def _mano(sources: Sequence[dict], targets: Sequence[dict]) -> float:
 
 
 def _iwv(sources: Sequence[dict], targets: Sequence[dict]) -> float:
-    return -_total(sources, "weighted_loss_sum", "iwv") / _rows(sources, "n_validation", "iwv")
+    return -_total(sources, "weighted_loss_sum", "iwv") / _total(sources, "weight_sum", "iwv")
 
 
 def _dev(sources: Sequence[dict], targets: Sequence[dict]) -> float:
@@ -274,9 +272,10 @@ def combine_statistics(
     source_accuracy = sum correct / sum n; source_loss = -sum l / sum n; entropy = -sum H / sum n_target;
     snd = the n-weighted mean of the target clients' SND; mano = (sum Q^p / (n K))^(1/p), Q the softmax when the
     pooled Phi > 5 and the Taylor normalization otherwise (Xie et al., NeurIPS 2024, Eqs. 2 and 6); iwv = -sum w l /
-    sum n (Sugiyama et al., JMLR 2007); dev = -(mean L + eta mean W - eta), eta = -Cov(L, W) / Var(W), L = w l,
-    W = w (You et al., ICML 2019, Algorithm 1; eta = 0 when Var(W) is zero up to :data:`DEV_ZERO_VARIANCE`, as
-    skada sets it for an exact zero). A missing statistic or no rows is a ValueError.
+    sum w (Sugiyama et al., JMLR 2007, self-normalized as skada's ImportanceWeightedScorer); dev = -(mean L +
+    eta mean W - eta), eta = -Cov(L, W) / Var(W), L = w l, W = w (You et al., ICML 2019, Algorithm 1; eta = 0 when
+    Var(W) is zero up to :data:`DEV_ZERO_VARIANCE`, as skada sets it for an exact zero). A missing statistic or no
+    rows is a ValueError.
     """
     names = checked_names(scores)
     sources, targets = list(source_stats), list(target_stats)
