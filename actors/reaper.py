@@ -4,7 +4,7 @@
 OOM killer, ``kill -9``) runs no shutdown: the raylet and the GCS notice and exit, but Ray's DashboardAgent and
 RuntimeEnvAgent, reparented to init, keep running and ignore SIGTERM. So before a run starts its own cluster it
 marks its environment with a token that the processes of the cluster inherit (:data:`OWNER_ENV`), and starts a
-small watchdog process (``python -m fedsim.actors.reaper``, in a session of its own so that a signal to the run's
+small watchdog process (``python -m fedsim.actors.reaper``, detached so that a signal to the run's
 process group spares it) that records the driver's descendants while the driver lives (Ray's agents get an
 environment of their own, without the token, but they are the raylet's children) and waits for the driver to end.
 When it does, the watchdog gives a normal shutdown a few seconds and then SIGKILLs every recorded descendant still
