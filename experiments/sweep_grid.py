@@ -7,6 +7,7 @@ import argparse
 import dataclasses
 import itertools
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
@@ -23,10 +24,16 @@ GRID_FLAGS = {
     "cpus_per_client": ("resources.cpus_per_client", "cpus_per_client", float, "0.5"),
     "gpus_per_client": ("resources.gpus_per_client", "gpus_per_client", float, "0,0.25"),
 }
+#: the flags of a search (:mod:`fedsim.experiments.sweep_search`), kept in ``SweepSpec.search``
+SEARCH_FLAGS = ("search", "num_samples", "scheduler", "grace_period", "select")
 ALWAYS_AXES = ("method.name", "method.local_epochs", "run.seed")  # columns every results.csv has
 #: axis whose values name one of ``SweepSpec.variants`` (a whole config of its own: `fedsim reproduce`'s runs)
 VARIANT_KEY = "spec.variant"
 COLUMNS = {**{key: column for key, column, _, _ in GRID_FLAGS.values()}, VARIANT_KEY: "variant"}
+#: a ``--set`` value written as a call, ``kind(arguments)``: a sampled range
+RANGE_CALL = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)\s*\((.*)\)$", re.S)
+#: keys whose one value is itself a comma list: never a grid axis
+LIST_VALUED = {"run.scores"}
 FORBIDDEN_SET = {
     "run.address": "pass --address instead",
     "run.out": "pass --out instead",
@@ -51,6 +58,11 @@ class SweepSpec:
     #: backend of the simulation inside each trial: "ray" (client actors in the trial's placement group) or
     #: "local" (the clients one after the other in the trial's process: no actor start-up, same numbers)
     backend: str = "ray"
+    #: config key -> a sampled range as ``[kind, *args]`` (:class:`fedsim.experiments.sweep_search.Range`)
+    ranges: dict[str, list] = field(default_factory=dict)
+    #: search settings (:func:`fedsim.experiments.sweep_search.settings_from_args`): search, num_samples, scheduler,
+    #: grace_period, select; empty for a plain grid
+    search: dict = field(default_factory=dict)
 
     def points(self) -> list[dict[str, Any]]:
         keys = list(self.axes)
@@ -71,7 +83,13 @@ class SweepSpec:
             elif section == method:
                 out.append(f"method.{name}={value}")
         out += list(variant.get("overrides", []))  # a variant's own overrides: plain config keys, applied as they are
-        return out + [f"{key}={render(value)}" for key, value in point.items() if key != VARIANT_KEY]
+        for key, value in point.items():
+            section, name = key.split(".", 1)
+            if section in SECTIONS:
+                out.append(f"{key}={render(value)}")
+            elif section == method:  # a sampled <method>.<key>: that method's trials only
+                out.append(f"method.{name}={render(value)}")
+        return out
 
     def config_for(self, point: dict[str, Any], extra: tuple[str, ...] = ("run.progress=false",)):
         """The point's ExperimentConfig. Method parameters of the YAML file (``method.mu``) are kept
@@ -95,7 +113,7 @@ class SweepSpec:
             )
             raw["method"] = {k: v for k, v in section.items() if k in valid}
         try:
-            return load_config(None, self.overrides_for(point) + list(extra), base=raw)
+            config = load_config(None, self.overrides_for(point) + list(extra), base=raw)
         except UserError as exc:
             if "unknown config key 'method." not in str(exc):
                 raise
@@ -103,6 +121,11 @@ class SweepSpec:
                 f"{exc} (in the trials of {method}): set a method's own parameter for its trials only "
                 "with --set <method>.<key>=VALUE"
             ) from None
+        if not self.search:
+            return config
+        from fedsim.experiments.sweep_search import with_scores
+
+        return with_scores(config, self.search)
 
     def to_json(self) -> str:
         return (
@@ -114,6 +137,8 @@ class SweepSpec:
                     "axes": self.axes,
                     "variants": self.variants,
                     "backend": self.backend,
+                    "ranges": self.ranges,
+                    "search": self.search,
                 },
                 indent=2,
                 default=str,
@@ -131,6 +156,8 @@ class SweepSpec:
             dict(raw["axes"]),
             dict(raw.get("variants", {})),
             raw.get("backend", "ray"),
+            dict(raw.get("ranges", {})),
+            dict(raw.get("search", {})),
         )
 
 
@@ -169,24 +196,28 @@ def parse_list(flag: str, text: str, kind: type, example: str) -> list:
     return values
 
 
-def parse_set(items: list[str]) -> tuple[list[str], dict[str, list]]:
-    """--set items -> (constant overrides, grid axes); a comma list outside [..] / {..} is an axis."""
+def parse_set(items: list[str]) -> tuple[list[str], dict[str, list], dict[str, list]]:
+    """--set items -> (constant overrides, grid axes, sampled ranges). A comma list outside [..] / {..} is an axis
+    (except for a key whose value is itself a comma list, :data:`LIST_VALUED`); ``kind(...)`` is a range
+    (:func:`fedsim.experiments.sweep_search.parse_range`), kept as ``[kind, *args]``."""
     from fedsim.config import SECTIONS, parse_override
     from fedsim.registry import METHODS
 
     constants: list[str] = []
     axes: dict[str, list] = {}
+    ranges: dict[str, list] = {}
     seen: set[str] = set()
     for text in items:
         (section, key), _ = parse_override(text)  # checks the section.key=value shape
         name = f"{section}.{key}"
+        raw = text.split("=", 1)[1].strip()
         if section not in SECTIONS:
             if section not in METHODS:
                 raise UserError(
                     f"unknown config section or method {section!r} in --set {text}: "
                     f"use one of {', '.join(SECTIONS)}, or a method name for that method's trials only"
                 )
-            if "," in text.split("=", 1)[1] and not text.split("=", 1)[1].strip().startswith(("[", "{")):
+            if "," in raw and not raw.startswith(("[", "{")) and not _is_range(raw):
                 raise UserError(
                     f"--set {name} takes one value: "
                     f"sweep a method's own parameter with --methods {section} --set method.{key}=..."
@@ -196,13 +227,22 @@ def parse_set(items: list[str]) -> tuple[list[str], dict[str, list]]:
         if name in seen:
             raise UserError(f"--set {name} given twice: give it once (a comma list makes it a grid axis)")
         seen.add(name)
-        raw = text.split("=", 1)[1].strip()
-        if "," in raw and not raw.startswith(("[", "{")):
+        if _is_range(raw):
+            from fedsim.experiments.sweep_search import check_sampled_key, parse_range
+
+            check_sampled_key(name, text, METHODS)
+            ranges[name] = parse_range(name, raw).to_list()
+        elif "," in raw and not raw.startswith(("[", "{")) and name not in LIST_VALUED:
             values = parse_list(f"set {name}=", raw, str, "0.01,0.1")
             axes[name] = [_yaml_value(name, v) for v in values]
         else:
             constants.append(f"{name}={raw}")
-    return constants, axes
+    return constants, axes, ranges
+
+
+def _is_range(raw: str) -> bool:
+    """``kind(...)``: a sampled range, checked by :func:`fedsim.experiments.sweep_search.parse_range`."""
+    return bool(RANGE_CALL.match(raw.strip()))
 
 
 def _yaml_value(name: str, text: str) -> Any:
@@ -219,7 +259,7 @@ def spec_from_args(args: argparse.Namespace) -> SweepSpec:
     from fedsim.config import load_config, read_yaml
     from fedsim.registry import METHODS, unknown_name_message
 
-    constants, set_axes = parse_set(list(args.set or []))
+    constants, set_axes, ranges = parse_set(list(args.set or []))
     for flag, key in (("benchmark", "data.benchmark"), ("target", "data.target"), ("rounds", "run.rounds")):
         value = getattr(args, flag, None)
         if value is not None:
@@ -236,7 +276,7 @@ def spec_from_args(args: argparse.Namespace) -> SweepSpec:
         text = getattr(args, flag, None)
         if text is None:
             continue
-        if key in set_axes or any(c.startswith(f"{key}=") for c in constants):
+        if key in set_axes or key in ranges or any(c.startswith(f"{key}=") for c in constants):
             raise UserError(f"{key} given twice (--{flag.replace('_', '-')} and --set): keep one")
         values = parse_list(flag.replace("_", "-"), text, kind, example)
         if len(values) == 1 and key not in ALWAYS_AXES:
@@ -247,16 +287,21 @@ def spec_from_args(args: argparse.Namespace) -> SweepSpec:
         if name not in METHODS:
             raise UserError(unknown_name_message("method", name, METHODS.names(), "--methods"))
     for key in ALWAYS_AXES:
-        if key not in axes and key not in set_axes:
+        if key not in axes and key not in set_axes and key not in ranges:
             section, name = key.split(".")
             given = [c.split("=", 1)[1] for c in constants if c.split("=", 1)[0] == key]
             axes[key] = [_yaml_value(key, given[0])] if given else [getattr(getattr(base, section), name)]
     for key, values in set_axes.items():
         axes[key] = values
     constants = [c for c in constants if c.split("=", 1)[0] not in axes]
-    ordered = {key: axes[key] for key in ALWAYS_AXES}
+    ordered = {key: axes[key] for key in ALWAYS_AXES if key in axes}
     ordered.update({key: values for key, values in axes.items() if key not in ordered})
-    return SweepSpec(config_file, raw, constants, ordered)
+    search: dict = {}
+    if ranges or any(getattr(args, f, None) is not None for f in SEARCH_FLAGS):
+        from fedsim.experiments.sweep_search import settings_from_args
+
+        search = settings_from_args(args, ranges)
+    return SweepSpec(config_file, raw, constants, ordered, ranges=ranges, search=search)
 
 
 def _absolute_paths(spec: SweepSpec, config) -> None:
@@ -278,7 +323,8 @@ def _absolute_paths(spec: SweepSpec, config) -> None:
 
 def prepare(spec: SweepSpec) -> tuple[dict[str, Any], dict[str, int]]:
     """Every grid point's config and client count: all bad input (the method's own scenario checks
-    included) fails here, before Ray starts."""
+    included) fails here, before Ray starts. A sweep with ranges has each grid point's config also checked at
+    every range's edges (:func:`range_checks`)."""
     from fedsim.data.scenario import build_federation
     from fedsim.registry import METHODS
     from fedsim.runtime.unreliable import UnreliableClients
@@ -294,11 +340,31 @@ def prepare(spec: SweepSpec) -> tuple[dict[str, Any], dict[str, int]]:
         configs[point_key(point)] = config
     clients: dict[str, int] = {}
     federations: dict[Any, Any] = {}
+    points_by_key = {point_key(point): point for point in points}
+    checks = range_checks(spec.ranges)
     for key, config in configs.items():
         if config.data not in federations:
             federations[config.data] = build_federation(config.data)
         METHODS.get(config.method.name).check_setting(config, federations[config.data])  # as `fedsim run` does
+        for values in checks:
+            sampled = spec.config_for({**points_by_key[key], **values})
+            METHODS.get(sampled.method.name).check_setting(sampled, federations[config.data])
         if config.clients.active:  # its trace files read here, as a run's server reads them, before the grid starts
             UnreliableClients(config.clients, federations[config.data], config.run.seed)
         clients[key] = len(federations[config.data].clients)
     return configs, clients
+
+
+def range_checks(ranges: dict[str, list]) -> list[dict[str, Any]]:
+    """The sampled values a sweep checks before it starts: each range's edges (its bounds, every choice), the
+    other ranges at their first edge."""
+    if not ranges:
+        return []
+    from fedsim.experiments.sweep_search import Range
+
+    edges = {key: Range.from_list(value).edges() for key, value in ranges.items()}
+    first = {key: values[0] for key, values in edges.items()}
+    checks = [dict(first)]
+    for key, values in edges.items():
+        checks += [{**first, key: value} for value in values[1:]]
+    return checks

@@ -67,15 +67,17 @@ def plan_trial(config, num_clients: int, cluster: dict[str, float], backend: str
 
 
 class TrialResources:
-    """``tune.with_resources`` callable: a trial's config -> its PlacementGroupFactory."""
+    """``tune.with_resources`` callable: a trial's config -> its PlacementGroupFactory. ``keys``: the grid's axes,
+    which alone place a trial (a sampled value never changes its federation or resources); None: every config key."""
 
-    def __init__(self, plans: dict[str, TrialPlan]):
+    def __init__(self, plans: dict[str, TrialPlan], keys: Optional[list[str]] = None):
         self.plans = plans
+        self.keys = None if keys is None else set(keys)
 
     def __call__(self, config: dict):
         from ray import tune
 
-        point = {k: v for k, v in config.items() if "." in k}
+        point = {k: v for k, v in config.items() if "." in k and (self.keys is None or k in self.keys)}
         return tune.PlacementGroupFactory(self.plans[point_key(point)].bundles(), strategy="PACK")
 
 
@@ -163,7 +165,8 @@ def with_grid_cache(config, sweep_dir: str):
 
 def summary_row(summary: dict, nodes: str) -> dict:
     """The last result of a trial: the run's summary under ``summary/`` (its presence marks the trial finished),
-    every number of it flattened (``summary/source_accuracy/usps``, ``summary/final_detection/wg/A_com``)."""
+    every number of it flattened (``summary/source_accuracy/usps``, ``summary/final_detection/wg/A_com``), and its
+    model-selection scores also as they are (``score_entropy``), the metric a searcher reads when a trial ends."""
     sources = list((summary.get("source_accuracy") or {}).values())
     row = {
         f"summary/{key}": value
@@ -172,6 +175,9 @@ def summary_row(summary: dict, nodes: str) -> dict:
     }
     if sources:
         row["summary/mean_source_accuracy"] = sum(sources) / len(sources)
+    for key, value in summary.items():
+        if key.startswith("score_") and isinstance(value, (int, float)) and not isinstance(value, bool):
+            row[key] = value
     if nodes:
         row["client_nodes"] = nodes
     return row
