@@ -23,6 +23,8 @@ NUMERIC_FLAGS: dict[str, tuple[type, float, bool]] = {
     "gpus_per_client": (float, 0, True),
     "clients_per_round": (float, 0, False),
     "inject_faults": (int, 0, True),
+    "num_samples": (int, 1, True),
+    "grace_period": (int, 1, True),
 }
 
 

@@ -15,8 +15,16 @@ The grid is methods x local epochs x seeds x every ``--set`` key given a comma
 list; ``--set <method>.<key>=v`` (``fedprox.mu=0.1``) applies to that method's
 trials only, so adding a method to a sweep is one word in ``--methods``.
 
+Beyond grids: a ``--set`` range (``method.lr=loguniform(1e-4,1e-1)``, ``uniform``, ``randint``, ``choice``) is
+sampled by ``--search random|optuna`` (``--num-samples`` configurations, each run at every grid point, seeds
+included), and ``--scheduler asha`` stops trials early; both rank trials by a score computed without target labels
+(the first ``--select`` score, else ``source_accuracy``): :mod:`fedsim.experiments.sweep_search`.
+``--select SCORE[,SCORE...]`` has every trial compute those scores (``run.scores``) and writes, after the sweep,
+which setting each score picks per method (``selection.md``, ``selection.csv``, ``selection.png``:
+:mod:`fedsim.experiments.selection`).
+
 The sweep directory holds Tune's own experiment (``tune/``), the trials' run
-directories (``runs/<trial id>/``), ``sweep.json`` (the grid, for ``--resume``),
+directories (``runs/<trial id>/``), ``sweep.json`` (the grid, ranges and search settings, for ``--resume``),
 ``results.csv`` (one row per trial),
 ``rounds.csv`` (one row per trial and round), ``report.md`` and the plots of
 :mod:`fedsim.experiments.report`. Every input is checked (methods, lists, every grid
@@ -37,7 +45,7 @@ from pathlib import Path
 from typing import Optional
 
 from fedsim.errors import UserError
-from fedsim.experiments.sweep_grid import SweepSpec, prepare, spec_from_args
+from fedsim.experiments.sweep_grid import COLUMNS, SEARCH_FLAGS, SweepSpec, point_key, prepare, spec_from_args
 from fedsim.experiments.sweep_results import collect_records, write_results
 from fedsim.experiments.sweep_trial import TrialResources, plan_trial, run_trial
 
@@ -55,7 +63,9 @@ SPEC_FLAGS = (
     "seeds",
     "cpus_per_client",
     "gpus_per_client",
+    *SEARCH_FLAGS,
 )
+STRICT_METRIC_ENV = "TUNE_DISABLE_STRICT_METRIC_CHECKING"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -71,8 +81,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="SECTION.KEY=VALUE",
-        help="override a config key; a comma list (method.lr=0.01,0.1) becomes a grid axis; "
-        "<method>.<key>=VALUE (fedprox.mu=0.1) sets a method's own parameter for its trials only",
+        help="override a config key; a comma list (method.lr=0.01,0.1) becomes a grid axis; a range "
+        "(method.lr=loguniform(1e-4,1e-1), uniform(a,b), randint(a,b) with b excluded, choice(a,b,c)) is sampled "
+        "by --search; <method>.<key>=VALUE (fedprox.mu=0.1) sets a method's own parameter for its trials only",
+    )
+    parser.add_argument(
+        "--search",
+        choices=("random", "optuna"),
+        help="sample the --set ranges: random (Tune's BasicVariantGenerator) or optuna (TPE; "
+        "pip install 'fedsim-da[search]'); each sample runs at every grid point",
+    )
+    parser.add_argument("--num-samples", help="configurations --search samples (default 10)")
+    parser.add_argument(
+        "--scheduler",
+        choices=("asha",),
+        help="stop poor trials early: ASHA on the --select score (default source_accuracy) per round",
+    )
+    parser.add_argument("--grace-period", help="rounds every trial runs before ASHA may stop it (default 1)")
+    parser.add_argument(
+        "--select",
+        metavar="SCORE[,SCORE...]",
+        help="scores without target labels (entropy, snd, ...): every trial computes them; after the sweep, "
+        "selection.md names the setting each one picks per method; the first ranks --search and --scheduler",
     )
     parser.add_argument(
         "--cpus-per-client", help="CPUs each client actor reserves (fractions allowed; a list is an axis)"
@@ -111,38 +141,76 @@ def _resolve_out(args, spec: Optional[SweepSpec], base) -> Path:
     return path
 
 
-def _fit(tuner):
+def _fit(tuner, ranked: bool = False):
     """``tuner.fit()``; Tune turns Ctrl-C (SIGINT, also SIGUSR1) into a clean stop and leaves its
-    handlers installed, so the previous handlers come back afterwards."""
+    handlers installed, so the previous handlers come back afterwards.
+
+    ``ranked``: a searcher or scheduler reads a score, which a trial reports on evaluated rounds only
+    (``run.eval_every``) and in its summary; Tune's check that every result carries it is off meanwhile (ASHA
+    and :class:`fedsim.experiments.sweep_search.GridPoints` skip results without it)."""
+    import os
     import signal
     import threading
 
     names = [s for s in (signal.SIGINT, getattr(signal, "SIGUSR1", None)) if s is not None]
     saved = {s: signal.getsignal(s) for s in names} if threading.current_thread() is threading.main_thread() else {}
+    strict = os.environ.get(STRICT_METRIC_ENV)
+    if ranked:
+        os.environ[STRICT_METRIC_ENV] = "1"
     try:
         return tuner.fit()
     finally:
+        if ranked:
+            if strict is None:
+                os.environ.pop(STRICT_METRIC_ENV, None)
+            else:
+                os.environ[STRICT_METRIC_ENV] = strict
         for sig, handler in saved.items():
             if handler is not None:
                 signal.signal(sig, handler)
 
 
-def _tuner(spec: SweepSpec, plans: dict, out: Path, *, resume: bool, quiet: bool, plugins: Optional[dict] = None):
-    """The Tuner over the grid's trials (each placed by its plan), or the one restored from ``out``; ``plugins``:
-    the plugin folders and entry-point names each trial adopts (:func:`fedsim.actors.plugins.plugin_settings`)."""
+def _tuner(
+    spec: SweepSpec,
+    plans: dict,
+    out: Path,
+    *,
+    resume: bool,
+    quiet: bool,
+    plugins: Optional[dict] = None,
+    max_rounds: int = 1,
+):
+    """The Tuner over the grid's trials (each placed by its plan), or the one restored from ``out`` (with its
+    searcher's state); ``plugins``: the plugin folders and entry-point names each trial adopts
+    (:func:`fedsim.actors.plugins.plugin_settings`); ``max_rounds``: the longest trial's rounds (ASHA's horizon)."""
     from ray import tune
 
     trainable = tune.with_resources(
         tune.with_parameters(run_trial, spec_json=spec.to_json(), sweep_dir=str(out.resolve()), plugins=plugins),
-        TrialResources(plans),
+        TrialResources(plans, keys=list(spec.axes)),
     )
     if resume:
         tune_dir = str(out.resolve() / TUNE_NAME)
         return tune.Tuner.restore(tune_dir, trainable=trainable, resume_unfinished=True, restart_errored=True)
+    if spec.search:
+        from fedsim.experiments import sweep_search
+
+        points = spec.points()
+        seed = int(spec.axes.get("run.seed", [0])[0])
+        param_space = sweep_search.param_space(spec.axes, spec.ranges, spec.search)
+        tune_config = tune.TuneConfig(
+            reuse_actors=True,
+            search_alg=sweep_search.search_algorithm(points, spec.search, seed),
+            scheduler=sweep_search.scheduler(spec.search, max_rounds),
+            num_samples=sweep_search.num_samples(points, spec.search),
+        )
+    else:
+        param_space = {key: tune.grid_search(values) for key, values in spec.axes.items()}
+        tune_config = tune.TuneConfig(reuse_actors=True)
     return tune.Tuner(
         trainable,
-        param_space={key: tune.grid_search(values) for key, values in spec.axes.items()},
-        tune_config=tune.TuneConfig(reuse_actors=True),
+        param_space=param_space,
+        tune_config=tune_config,
         run_config=tune.RunConfig(
             name=TUNE_NAME,
             storage_path=str(out.resolve()),
@@ -191,20 +259,51 @@ def run_grid(
         out.mkdir(parents=True, exist_ok=True)
         for name, text in ({} if resume else (files or {})).items():
             (out / name).write_text(text)
-        tuner = _tuner(spec, plans, out, resume=resume, quiet=quiet, plugins=plugin_settings(plugins))
-        log.info("%d trials in %s", len(configs), out)
-        return collect_records(_fit(tuner), spec, configs)
+        tuner = _tuner(
+            spec,
+            plans,
+            out,
+            resume=resume,
+            quiet=quiet,
+            plugins=plugin_settings(plugins),
+            max_rounds=max(c.run.rounds for c in configs.values()),
+        )
+        log.info("%d grid points in %s", len(configs), out)
+        ranked = bool(spec.search.get("search") or spec.search.get("scheduler"))
+        grid = _fit(tuner, ranked=ranked)
+        return _records(grid, spec, configs)
     finally:
         if started:
             shutdown_own_cluster()
 
 
+def _records(grid, spec: SweepSpec, configs: dict) -> list[dict]:
+    """The trials' records (:func:`fedsim.experiments.sweep_results.collect_records`). A sampled trial's config is
+    built from its own values; a trial the scheduler stopped early (Tune's last result ``done``, no summary) has the
+    status ``stopped``."""
+    configs = dict(configs)
+    stopped = set()
+    for result in grid:
+        point = {k: v for k, v in (result.config or {}).items() if "." in k}
+        if spec.ranges and point_key(point) not in configs:
+            configs[point_key(point)] = spec.config_for(point)
+        metrics = result.metrics or {}
+        if spec.search.get("scheduler") and metrics.get("done") and not result.error:
+            stopped.add(metrics.get("trial_id"))
+    records = collect_records(grid, spec, configs)
+    for record in records:
+        if record["status"] == "interrupted" and record["trial_id"] in stopped:
+            record["status"] = "stopped"
+    return records
+
+
 def report_failures(records: list[dict], command: str, out: Path) -> int:
-    """Failed and unfinished trials on stderr; 1 when some did not finish (continue with --resume), else 0."""
+    """Failed and unfinished trials on stderr; 1 when some did not finish (continue with --resume), else 0. A trial
+    the scheduler stopped early is done."""
     for r in records:
         if r["status"] == "error":
             print(f"fedsim: trial {r['trial_id']} failed: {r.get('error', '')}", file=sys.stderr)
-    unfinished = [r for r in records if r["status"] != "finished"]
+    unfinished = [r for r in records if r["status"] not in ("finished", "stopped")]
     if unfinished:
         print(
             f"fedsim: {len(unfinished)} of {len(records)} trials did not finish: "
@@ -213,6 +312,50 @@ def report_failures(records: list[dict], command: str, out: Path) -> int:
         )
         return 1
     return 0
+
+
+def selection_keys(spec: SweepSpec) -> tuple[list[str], list[str]]:
+    """(group_by, candidate_keys) of a sweep's selection, as results.csv names them: a group per method (and per
+    swept ``data.*`` key: targets are never candidates of each other); the candidates are the other grid axes and
+    the sampled keys, never the seed."""
+    keys = [COLUMNS.get(k, k) for k in [*spec.axes, *spec.ranges]]
+    group_by = ["method"] + [k for k in keys if k.startswith("data.")]
+    return group_by, [k for k in keys if k not in group_by and k != "seed"]
+
+
+def default_setting(spec: SweepSpec, candidate_keys: list[str]) -> dict:
+    """The config's own value of each candidate key (the setting a user runs untuned): the YAML file and the
+    constant ``--set`` values, without the sweep's axes and ranges; a ``<method>.<key>`` from that method's own
+    config."""
+    from fedsim.config import SECTIONS
+
+    inverse = {column: key for key, column in COLUMNS.items()}
+    default = {}
+    for column in candidate_keys:
+        section, name = inverse.get(column, column).split(".", 1)
+        if section in SECTIONS:
+            owner = getattr(spec.config_for({}), section)
+        else:  # <method>.<key>
+            owner = spec.config_for({"method.name": section}).method
+        value = getattr(owner, name) if hasattr(owner, name) else getattr(getattr(owner, "params", None), name, None)
+        if value is not None:
+            default[column] = value
+    return default
+
+
+def write_selection_report(spec: SweepSpec, records: list[dict], out: Path) -> list[Path]:
+    """``selection.md``, ``selection.csv`` and ``selection.png``: each ``--select`` score's pick per method, among
+    the trials Tune has a config of (an interrupted sweep's trials that never started have none)."""
+    from fedsim.experiments.selection import select, write_selection
+
+    scores = list(spec.search["select"])
+    group_by, candidate_keys = selection_keys(spec)
+    keys = [*group_by, *candidate_keys]
+    started = [r for r in records if all(k in r["params"] for k in keys)]  # Tune has no config of a trial never run
+    rows = select(
+        started, scores, group_by=group_by, candidate_keys=candidate_keys, default=default_setting(spec, candidate_keys)
+    )
+    return write_selection(out, rows, scores)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -227,10 +370,18 @@ def run(args: argparse.Namespace) -> int:
             raise UserError(f"--resume takes the grid from the sweep's {SPEC_FILE}: drop {', '.join(given)}")
         out = _resolve_out(args, None, None)
         spec = SweepSpec.from_json((out / SPEC_FILE).read_text())
+        if spec.search.get("search") == "optuna":  # its saved searcher is an OptunaSearch
+            from fedsim.experiments.sweep_search import require_optuna
+
+            require_optuna()
     else:
         spec = spec_from_args(args)
         out = None
     configs, clients = prepare(spec)
+    if spec.search.get("scheduler"):
+        from fedsim.experiments.sweep_search import check_schedule
+
+        check_schedule(spec.search, max(c.run.rounds for c in configs.values()))
     if out is None:
         out = _resolve_out(args, spec, next(iter(configs.values())))
     records = run_grid(
@@ -245,6 +396,8 @@ def run(args: argparse.Namespace) -> int:
     )
     write_results(out, records)
     written = report_module.write_report(out, records)
+    if spec.search.get("select"):
+        written += write_selection_report(spec, records, out)
     if not args.quiet:
         print(report_module.markdown_table(records))
         print(
