@@ -95,6 +95,7 @@ FLOORS = (
             "fedsim.config",
             "fedsim.data",
             "fedsim.selection",
+            "fedsim.privacy",
         ),
     ),
     ("toolkits", ("fedsim.ot", "fedsim.detection", "fedsim.models", "fedsim.losses")),

@@ -1,0 +1,259 @@
+"""What each method's training exchanges send, and how its server uses the replies (``docs/privacy.md``).
+
+The privacy layer reads this table to know, per method: its training stages (the operations whose replies it may
+noise), what each one sends, who sends it (the population the sampling rate is counted over), how the server uses
+the replies (which decides each reply's noise in the central mode), and the stages each round calls (the
+calibration of a target epsilon). A method that is not in the table, or whose exchanges cannot take the noise, is
+refused in one line naming why.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from fedsim.errors import UserError
+
+WEIGHTED = "weighted"
+"""The server sums the replies weighted by their sample counts (FedAvg's mean, McMahan et al. 2017, Alg. 1)."""
+UNIFORM = "mean"
+"""The server sums the replies with equal weights (FedDaDiL's ``avg`` aggregation)."""
+EACH = "each"
+"""The server, or the client it forwards them to, uses every reply on its own (features, deltas weighed one by one,
+one version drawn): no sum hides a reply."""
+
+SOURCES, TARGETS, CLIENTS = "sources", "targets", "clients"
+"""Who sends in a stage: the labeled source clients, the target's clients, or every client."""
+
+EVALUATION_STAGES = frozenset({"evaluate", "share_head", "share_personal", "share_own"})
+"""Operations a method calls in its evaluation only: never noised (the simulator's measurement)."""
+SETUP_STAGES = frozenset({"data_stats", "data_standardize"})
+"""The data standardization run before round 1 (:mod:`fedsim.data.normalization`): never noised."""
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One training exchange of a method."""
+
+    operation: str
+    """The client operation called."""
+    senders: str
+    """Who replies: :data:`SOURCES`, :data:`TARGETS` or :data:`CLIENTS`."""
+    sends: str
+    """What a reply carries, its shape, and whether it lives in the data's own space."""
+    combined: str
+    """How the server uses the replies: :data:`WEIGHTED`, :data:`UNIFORM` or :data:`EACH`."""
+    setup: bool = False
+    """A standardization of the encoded features: never noised, as the data's own standardization."""
+    integers: str = ""
+    """The integer tensors it sends, which noise cannot protect (a stage that sends some is refused)."""
+
+
+@dataclass(frozen=True)
+class Exchanges:
+    """A method's training stages and the calls each round makes."""
+
+    stages: tuple[Stage, ...]
+    """Every training stage, in the order a round calls them."""
+    calls: Callable[[int, Any], tuple[tuple[str, bool], ...]]
+    """``calls(round, method)``: the (operation, sampled) of every call of that round whose replies carry float
+    tensors, in order, repeats included; ``sampled``: ``run.clients_per_round`` draws its senders."""
+
+    def stage(self, operation: str) -> Stage:
+        return next(s for s in self.stages if s.operation == operation)
+
+    @property
+    def operations(self) -> tuple[str, ...]:
+        return tuple(s.operation for s in self.stages)
+
+    @property
+    def default_stages(self) -> tuple[str, ...]:
+        """The stages noised when ``privacy.stages`` is empty: every one but the setup stages."""
+        return tuple(s.operation for s in self.stages if not s.setup)
+
+
+def _fit(sends: str, sampled: bool = True) -> Exchanges:
+    """One ``fit`` per round, its replies averaged by sample count (FedAvg, FedProx, FedBN, FedRep)."""
+    stage = Stage("fit", SOURCES, sends, WEIGHTED)
+    return Exchanges((stage,), lambda rnd, method: (("fit", sampled),))
+
+
+MODEL_UPDATE = (
+    "the model after its local epochs, every float tensor of the state dict (batch-norm statistics included), sent as "
+    "it is and clipped as its difference from the global model; not in the data's space"
+)
+
+
+def _feature_alignment(config) -> Exchanges:
+    """FedDANN and FedMMD (:mod:`fedsim.methods.families.alignment`): target features, then FedAvg on the sources."""
+    batch = config.method.params.target_batch
+    features = Stage(
+        "features",
+        TARGETS,
+        f"encoded features of {batch} of its unlabeled training inputs ({batch} x model.hidden), the encoder's output "
+        "for the target's own rows: the data's features, sent on to every source",
+        EACH,
+    )
+    fit = Stage("fit", SOURCES, MODEL_UPDATE, WEIGHTED)
+    return Exchanges((features, fit), lambda rnd, method: (("features", False), ("fit", False)))
+
+
+def _fada(config) -> Exchanges:
+    """FADA (Peng et al., ICLR 2020, Alg. 1; :mod:`fedsim.methods.fada.method`): every reply is used on its own,
+    by the target (deltas, gradients) or by the sources (features)."""
+    p = config.method.params
+    last = "disentangle" if p.disentangle else "adversarial" if p.adversarial else "fit"
+    delta = "Delta_i = w_i - w_t, one tensor per model tensor (already a difference: clipped as it is)"
+    stages = (
+        Stage("fit", SOURCES, f"{delta} when it is the round's last source stage (model I); nothing otherwise", EACH),
+        Stage(
+            "features",
+            TARGETS,
+            f"G_t's features of {p.target_batch} of its unlabeled inputs ({p.target_batch} x feature width): the "
+            "data's features, sent on to every source",
+            EACH,
+        ),
+        Stage(
+            "adversarial",
+            SOURCES,
+            f"the gradient of the confusion loss w.r.t. the target features ({p.target_batch} x feature width), and "
+            f"{delta} at the last step when disentanglement is off",
+            EACH,
+        ),
+        Stage("align", TARGETS, "no tensor (a gradient norm, as a metric)", EACH),
+        Stage("disentangle", SOURCES, delta, EACH),
+        Stage(
+            "update",
+            TARGETS,
+            "the new target model w_t, clipped as its difference from the w_t the server sent in the round",
+            EACH,
+        ),
+    )
+
+    def calls(rnd: int, method) -> tuple[tuple[str, bool], ...]:
+        made: list[tuple[str, bool]] = [("fit", True)] if last == "fit" else []
+        if p.adversarial:
+            made += [("features", False), ("adversarial", True)] * p.adversarial_steps
+        if p.disentangle:
+            made.append(("disentangle", True))
+        return (*made, ("update", False))
+
+    return Exchanges(stages, calls)
+
+
+def _feddadil(config) -> Exchanges:
+    """FedDaDiL (Castellon et al., ICASSP 2024; :mod:`fedsim.methods.feddadil.method`): the encoder stage's FedAvg
+    rounds, then the atoms' rows every round."""
+    p = config.method.params
+    combined = UNIFORM if p.aggregation == "avg" else EACH
+    rows = "the whole dictionary" if p.exchange == "full" else "the round's mini-batch of rows of every atom"
+    stages = (
+        Stage("fit", SOURCES, f"encoder stage: {MODEL_UPDATE}", WEIGHTED),
+        Stage(
+            "feature_stats",
+            CLIENTS,
+            "count (an integer), sum and sum of squares of its encoded training features (d each): the encoded "
+            "features' standardization, once",
+            UNIFORM,
+            setup=True,
+            integers="the sample count",
+        ),
+        Stage(
+            "dil",
+            CLIENTS,
+            f"its version of {rows}: features (K x rows x d, in the data's own space, or the frozen encoder's) and "
+            "label logits (K x rows x C, floats: soft labels), clipped as their difference from the rows sent",
+            combined,
+        ),
+    )
+
+    def calls(rnd: int, method) -> tuple[tuple[str, bool], ...]:
+        encoder = method.encoder
+        if encoder.is_encoder_round(rnd):
+            return (("fit", True),)
+        first = encoder.uses_encoder and rnd == encoder.rounds + 1  # encoder and standardization reach every client
+        return (("dil", not first),)
+
+    return Exchanges(stages, calls)
+
+
+EXCHANGES: dict[str, Callable[[Any], Exchanges]] = {
+    "fedavg": lambda config: _fit(MODEL_UPDATE),
+    "fedprox": lambda config: _fit(MODEL_UPDATE),
+    "fedbn": lambda config: _fit(
+        "the model after its local epochs without its batch-norm layers (they stay on the source), clipped as its "
+        "difference from the global model; not in the data's space"
+    ),
+    "fedrep": lambda config: _fit(
+        "the representation after the head's and the representation's epochs (the model without its head, which "
+        "stays on the source), clipped as its difference from the global one; not in the data's space"
+    ),
+    "feddann": _feature_alignment,
+    "fedmmd": _feature_alignment,
+    "fada": _fada,
+    "feddadil": _feddadil,
+}
+"""Method name -> its exchanges, from the run's config."""
+
+_POOLED = (
+    "is a centralized reference: its {stages} send{s} each client's {rows} and their integer labels to the server, "
+    "and labels cannot be noised (a noised copy of the data is not the pooled reference either)"
+)
+_DETECTION = (
+    "is a detection method, which fedsim's privacy layer does not cover: the server host trains on its own labeled "
+    "images in the same exchanges as the clients, {why}"
+)
+_UPLOADS = "and the evaluation uploads {what}, which is never noised, so no guarantee would hold"
+REFUSED: dict[str, str] = {
+    "centralized": _POOLED.format(stages="'upload' stage", s="s", rows="training rows"),
+    "dann": _POOLED.format(stages="'upload' and 'upload_inputs' stages", s="", rows="training rows"),
+    "mmd": _POOLED.format(stages="'upload' and 'upload_inputs' stages", s="", rows="training rows"),
+    "dadil": _POOLED.format(stages="'upload' stage", s="s", rows="training rows (or their encoded features)"),
+    "fedavg_det": _DETECTION.format(
+        why="and the sensitivity of an FCOS update (BN statistics, GroupNorm towers) is not analysed in fedsim"
+    ),
+    "fedbn_det": _DETECTION.format(why=_UPLOADS.format(what="each client's batch-norm part ('share_personal')")),
+    "fedrep_det": _DETECTION.format(why=_UPLOADS.format(what="each client's head ('share_personal')")),
+    "fedod": _DETECTION.format(
+        why=_UPLOADS.format(
+            what="each client's whole detector ('share_own', the paper's A_u, and the final fine-tunes)"
+        )
+    ),
+}
+"""Method name -> why privacy cannot apply to it."""
+
+
+def method_exchanges(config) -> Exchanges:
+    """The exchanges of ``config.method.name``; a method that cannot take the noise, or one fedsim does not know
+    the exchanges of (a plugin), raises UserError naming why."""
+    name = config.method.name
+    supported = ", ".join(sorted(EXCHANGES))
+    if name in REFUSED:
+        raise UserError(f"privacy cannot apply to method {name!r}: it {REFUSED[name]}; use one of {supported}")
+    if name not in EXCHANGES:
+        raise UserError(
+            f"privacy cannot apply to method {name!r}: fedsim does not know what its exchanges send (what to clip, "
+            f"how its server combines the replies); use one of {supported}"
+        )
+    return EXCHANGES[name](config)
+
+
+def sampling_rate(senders: int, called: int) -> float:
+    """The share of a stage's population that one call asks: ``called`` of ``senders`` clients."""
+    return min(1.0, called / senders) if senders else 1.0
+
+
+def population(senders: str, federation) -> int:
+    """How many clients can send in a stage of ``senders``."""
+    ids = {SOURCES: federation.source_ids, TARGETS: federation.target_ids, CLIENTS: federation.client_ids}[senders]
+    return len(ids)
+
+
+def sample_size(config, candidates: int) -> int:
+    """How many of ``candidates`` clients ``run.clients_per_round`` draws (:meth:`fedsim.methods.base.Method.
+    sample_clients`'s count)."""
+    wanted = config.run.clients_per_round
+    if wanted is None:
+        return candidates
+    count = int(wanted) if wanted >= 1 else max(1, round(wanted * candidates))
+    return min(count, candidates)
