@@ -293,6 +293,55 @@ class ClientsConfig:
         )
 
 
+PRIVACY_MODES: tuple[str, ...] = ("central", "local")
+"""The values of ``privacy.mode``, the default first."""
+PRIVACY_ACCOUNTANTS: tuple[str, ...] = ("rdp", "pld")
+"""The values of ``privacy.accountant``, the default first."""
+DEFAULT_DELTA = 1e-5
+"""``privacy.delta`` when only ``privacy.noise_multiplier`` is given: the delta the spent epsilon is reported at."""
+
+
+@dataclass(frozen=True)
+class PrivacyConfig:
+    """The ``privacy`` section: clipping and Gaussian noise on what clients send in the training exchanges, and the
+    privacy spent (:mod:`fedsim.privacy`, ``docs/privacy.md``). Off by default: no key set."""
+
+    noise_multiplier: Optional[float] = None
+    """z: the noise's standard deviation in units of the clip (z x ``clip``); None with ``epsilon`` unset: off."""
+    epsilon: Optional[float] = None
+    """The whole run's privacy budget: z is calibrated by the accountant so that every round together spends at
+    most this at ``delta`` (instead of ``noise_multiplier``, never both)."""
+    delta: Optional[float] = None
+    """The delta of the (epsilon, delta) guarantee; required with ``epsilon``; 1e-5 when only ``noise_multiplier``
+    is given."""
+    clip: Optional[float] = None
+    """C: the L2 bound of one client's contribution to one exchange (its float tensors, or their difference from
+    the model the server sent); required when on."""
+    stage_clip: Optional[dict] = field(default=None, hash=False)
+    """``{operation: C}``: another bound for the stages it names (a feature matrix is not on a model update's
+    scale), e.g. ``--set 'privacy.stage_clip={features: 50}'``."""
+    mode: str = "central"
+    """Whom the noise protects against: "central", client-level DP-FedAvg (McMahan et al., ICLR 2018), noise of
+    std z C on the sum the server aggregates, for whoever sees what the server releases; "local", noise of std z C
+    on every reply, private against the server itself."""
+    stages: tuple[str, ...] = ()
+    """The operations whose replies are noised; empty: every training exchange of the method (evaluation and setup
+    stages never are)."""
+    accountant: str = "rdp"
+    """How the spent budget is counted: "rdp" (Renyi DP, Mironov 2017) or "pld" (privacy loss distributions),
+    both from Google's dp_accounting."""
+
+    @property
+    def active(self) -> bool:
+        """Whether clients' replies are noised (a noise multiplier or a budget is given)."""
+        return self.noise_multiplier is not None or self.epsilon is not None
+
+    @property
+    def target_delta(self) -> float:
+        """The delta the spent epsilon is reported at (:data:`DEFAULT_DELTA` when none is given)."""
+        return DEFAULT_DELTA if self.delta is None else self.delta
+
+
 MOVED_KEYS = {
     "run.inject_faults": "ray.inject_faults",
     "resources.max_restarts": "ray.max_restarts",
@@ -339,6 +388,8 @@ class ExperimentConfig:
     clients: ClientsConfig = field(default_factory=ClientsConfig)
     """The ``clients`` section: unavailable, failing and slow source clients on a simulated clock (off by
     default)."""
+    privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
+    """The ``privacy`` section: clipped, noised client replies and the privacy spent (off by default)."""
 
     def to_dict(self) -> dict:
         """Nested dicts of plain values, one per section (the form of ``config.yaml``; :func:`to_plain`)."""

@@ -7,6 +7,7 @@ turns it into exit code 2 before anything is written.
 from __future__ import annotations
 
 import difflib
+import math
 import typing
 from dataclasses import fields
 from typing import Any, Mapping
@@ -225,6 +226,98 @@ def _clients_checks(clients) -> list[tuple[bool, str]]:
     ]
 
 
+def _positive_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value < math.inf
+
+
+def _privacy_checks(privacy) -> list[tuple[bool, str]]:
+    from fedsim.config import PRIVACY_ACCOUNTANTS, PRIVACY_MODES, PrivacyConfig
+
+    z, epsilon, delta, clip = privacy.noise_multiplier, privacy.epsilon, privacy.delta, privacy.clip
+    stage_clip = privacy.stage_clip
+    given = sorted(f"privacy.{f.name}" for f in fields(privacy) if getattr(privacy, f.name) != f.default)
+    return [
+        (
+            privacy.active or privacy == PrivacyConfig(),
+            f"{', '.join(given)} set but privacy is off: give privacy.noise_multiplier or privacy.epsilon (or leave "
+            "the section out)",
+        ),
+        (
+            z is None or epsilon is None,
+            "privacy.noise_multiplier and privacy.epsilon are two ways to set the noise: give one, not both",
+        ),
+        (z is None or _positive_number(z), f"privacy.noise_multiplier must be a positive number, got {z}"),
+        (epsilon is None or _positive_number(epsilon), f"privacy.epsilon must be a positive number, got {epsilon}"),
+        (
+            epsilon is None or delta is not None,
+            "privacy.epsilon needs privacy.delta, the delta of the (epsilon, delta) budget: e.g. privacy.delta=1e-5",
+        ),
+        (delta is None or 0 < delta < 1, f"privacy.delta must be in (0, 1), got {delta}"),
+        (
+            not privacy.active or clip is not None,
+            "privacy.clip is required with privacy on: the L2 bound of one client's contribution to an exchange, "
+            "e.g. privacy.clip=1.0",
+        ),
+        (clip is None or _positive_number(clip), f"privacy.clip must be a positive number, got {clip}"),
+        (
+            stage_clip is None
+            or (isinstance(stage_clip, dict) and all(_positive_number(v) for v in stage_clip.values())),
+            f"privacy.stage_clip must map stages to positive bounds, got {stage_clip!r}: e.g. "
+            "--set 'privacy.stage_clip={features: 50}'",
+        ),
+        (
+            privacy.mode in PRIVACY_MODES,
+            f"privacy.mode must be one of {', '.join(PRIVACY_MODES)}, got {privacy.mode!r}",
+        ),
+        (
+            privacy.accountant in PRIVACY_ACCOUNTANTS,
+            f"privacy.accountant must be one of {', '.join(PRIVACY_ACCOUNTANTS)}, got {privacy.accountant!r}",
+        ),
+    ]
+
+
+def check_privacy(config) -> None:
+    """With privacy on: the method's exchanges can take the noise (:func:`fedsim.privacy.method_exchanges`), and
+    every stage ``privacy.stages`` and ``privacy.stage_clip`` name is one of its training stages that sends no
+    integer tensor."""
+    from fedsim.privacy import method_exchanges
+    from fedsim.privacy.exchanges import EVALUATION_STAGES, SETUP_STAGES
+
+    privacy, name = config.privacy, config.method.name
+    if not privacy.active:
+        return
+    exchanges = method_exchanges(config)
+    training = ", ".join(exchanges.default_stages)
+    for stage in privacy.stages:
+        where = f"privacy.stages names {stage!r}"
+        if stage in EVALUATION_STAGES or stage in SETUP_STAGES:
+            kind = "an evaluation" if stage in EVALUATION_STAGES else "a data standardization"
+            raise UserError(
+                f"{where}, {kind} stage: evaluation and setup stages are never noised, they are the simulator's "
+                f"instruments; method {name!r} trains with {training}"
+            )
+        if stage not in exchanges.operations:
+            raise UserError(f"{where}, which is not a training stage of method {name!r}: use {training}")
+        found = exchanges.stage(stage)
+        if found.integers:
+            raise UserError(
+                f"{where}: method {name!r} sends {found.integers} there, an integer tensor, which noise cannot "
+                "protect: leave it out of privacy.stages"
+            )
+    noised = privacy.stages or exchanges.default_stages
+    unknown = sorted(set(privacy.stage_clip or {}) - set(noised))
+    if unknown:
+        raise UserError(
+            f"privacy.stage_clip names {', '.join(unknown)}, not a noised stage of method {name!r}: use "
+            f"{', '.join(noised)}"
+        )
+    if name == "feddadil" and config.run.cache_dir:
+        raise UserError(
+            "run.cache_dir shares FedDaDiL's encoder stage between runs under a key that does not hold the privacy "
+            "section, so a noised run could replay a stage trained without noise: leave run.cache_dir unset"
+        )
+
+
 def check_missing_replies(config) -> None:
     """Refuse settings that lose sources' replies for a method that needs every reply it asks for (its
     ``copes_with_missing_replies`` is False)."""
@@ -247,11 +340,12 @@ def validate(config) -> None:
     """Range checks that do not need the data; the first failing one raises."""
     checks = _method_and_run_checks(config) + _data_checks(config.data)
     checks += _resource_checks(config.resources, config.ray)
-    checks += _clients_checks(config.clients)
+    checks += _clients_checks(config.clients) + _privacy_checks(config.privacy)
     for ok, message in checks:
         if not ok:
             raise UserError(message)
     check_missing_replies(config)
+    check_privacy(config)
     check_scores(config)
 
 
