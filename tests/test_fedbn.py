@@ -130,7 +130,7 @@ def test_initial_bn_is_what_a_fresh_model_holds_and_nothing_is_stashed_on_the_me
     assert FedBN.__bases__ == (SingleExchange,) and FedBN.operations == {"fit", "evaluate"}
     server.run_round(1, evaluate=True)
     for method in (server.method, executor.host.method):  # per-client state lives in the client state only
-        assert set(vars(method)) == {"config", "federation", "params", "_device", "fedavg"}
+        assert set(vars(method)) == {"config", "federation", "params", "_device", "fedavg", "selection_scores"}
 
 
 def test_same_seed_gives_identical_runs(image_overrides):
