@@ -7,15 +7,20 @@ operation) and the round's local-update settings, runs them through the executor
 and counts the bytes of what crossed the wire. It behaves the same on every backend, so a method never sees which
 one it runs on. With unreliable clients (the ``clients`` section, :mod:`fedsim.runtime.unreliable`) a training
 call's missing sources are left out of the replies; setup stages and the evaluation (``evaluating``) never are.
+With the ``privacy`` section on (:mod:`fedsim.privacy`), a training call's replies are clipped and noised here, in
+the server's process, once they arrived; setup stages and the evaluation never are.
 """
 
 from __future__ import annotations
 
-from typing import Callable, Iterable, Mapping, Optional, TypeVar, Union
+from typing import TYPE_CHECKING, Callable, Iterable, Mapping, Optional, TypeVar, Union
 
 from fedsim.messages import Instruction, LocalSettings, Reply, Tensors, Value
 from fedsim.runtime.unreliable import RoundClients
 from fedsim.seeding import derive_seed
+
+if TYPE_CHECKING:
+    from fedsim.privacy.protocol import RoundPrivacy  # imported by a run with privacy on: it loads dp_accounting
 
 T = TypeVar("T")
 PerClient = Union[T, Callable[[int], T], None]  # one value for every client, or a function of the client id
@@ -25,7 +30,8 @@ NO_TENSORS: Tensors = {}  # one shared object: a backend serializes a payload on
 class RoundContext:
     """One round's exchanges. ``local`` is the round's local-update settings, which every instruction carries;
     ``setup=True`` marks a setup stage (data standardization) that a backend replays on a client process it has
-    to recreate; ``clients`` the round's unreliable clients (None: every client answers)."""
+    to recreate; ``clients`` the round's unreliable clients (None: every client answers); ``privacy`` the round's
+    privacy layer (:class:`fedsim.privacy.protocol.RoundPrivacy`; None: replies as they arrive)."""
 
     def __init__(
         self,
@@ -35,6 +41,7 @@ class RoundContext:
         local: Optional[LocalSettings] = None,
         setup: bool = False,
         clients: Optional[RoundClients] = None,
+        privacy: Optional[RoundPrivacy] = None,
     ):
         self.executor = executor
         self.root_seed = root_seed
@@ -42,6 +49,7 @@ class RoundContext:
         self.local = local
         self.setup = setup
         self.clients = clients
+        self.privacy = privacy
         self.evaluating = False  # set by the server around the evaluation: every client answers it
 
     def seed(self, client_id: int, operation: str) -> int:
@@ -77,8 +85,12 @@ class RoundContext:
                 values=_for_client(values, cid) or {},
             )
         if self.clients is None or self.setup or self.evaluating or not instructions:
-            return self.executor.run(instructions, self.round, replay=self.setup)
-        return self.clients.call(self.executor, operation, instructions)
+            replies = self.executor.run(instructions, self.round, replay=self.setup)
+        else:
+            replies = self.clients.call(self.executor, operation, instructions)
+        if self.privacy is None or self.setup or self.evaluating:
+            return replies
+        return self.privacy.protect(operation, instructions, replies)
 
     def bytes_of(self, operation: str) -> tuple[int, int]:
         """The bytes sent and received so far by the calls of ``operation`` (the executor's count, all rounds)."""

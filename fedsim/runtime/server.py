@@ -65,6 +65,7 @@ class Server:
         self._placement_recorded = False
         self._bytes_mark: Optional[tuple] = None  # counters before a setup stage: counted in the next round
         self.unreliable: Optional[UnreliableClients] = None  # the clients section's draws, made by unreliable_clients
+        self.privacy = self._privacy()  # the privacy section's noise and budget (None when off)
 
     def unreliable_clients(self) -> Optional[UnreliableClients]:
         """The run's unreliable clients (None when the ``clients`` section is off); its trace files are read on
@@ -73,11 +74,24 @@ class Server:
             self.unreliable = UnreliableClients(self.config.clients, self.federation, self.config.run.seed)
         return self.unreliable
 
+    def _privacy(self):
+        """The run's privacy layer (:class:`fedsim.privacy.protocol.RunPrivacy`, a target epsilon calibrated here)
+        when the ``privacy`` section is on, else None."""
+        if not self.config.privacy.active:
+            return None
+        from fedsim.privacy.protocol import RunPrivacy, warn_batch_norm
+
+        warn_batch_norm(self.config, self.method.global_tensors(self.state))
+        return RunPrivacy(self.config, self.federation, self.method)
+
     def context(self, rnd: int, setup: bool = False) -> RoundContext:
         unreliable = None if setup else self.unreliable_clients()
         clients = None if unreliable is None else unreliable.round(rnd)
+        privacy = None if setup or self.privacy is None else self.privacy.round(rnd)
         local = self.method.client_settings(rnd)
-        return RoundContext(self.executor, self.config.run.seed, rnd, local, setup=setup, clients=clients)
+        return RoundContext(
+            self.executor, self.config.run.seed, rnd, local, setup=setup, clients=clients, privacy=privacy
+        )
 
     def _counters(self) -> tuple:
         """The executor's byte counters: in all, and per stage."""
@@ -103,6 +117,8 @@ class Server:
         metrics = self._round(ctx, evaluate)
         if ctx.clients is not None:
             metrics.update(ctx.clients.metrics())
+        if ctx.privacy is not None:
+            metrics.update(self.privacy.close_round(ctx.privacy))  # privacy_epsilon spent so far, the multiplier
         if not self._placement_recorded:
             metrics.update(self.executor.placement())
             self._placement_recorded = True
@@ -164,13 +180,18 @@ class Server:
         return torch_threads(SERVER_THREADS)
 
     def export_state(self) -> dict:
-        """Server half of a checkpoint: the method's state and the byte counters."""
-        return {"method_state": self.state, "bytes": (self.executor.bytes_sent, self.executor.bytes_received)}
+        """Server half of a checkpoint: the method's state, the byte counters and the privacy spent."""
+        saved = {"method_state": self.state, "bytes": (self.executor.bytes_sent, self.executor.bytes_received)}
+        if self.privacy is not None:
+            saved["privacy"] = self.privacy.state()
+        return saved
 
     def restore_state(self, saved: dict) -> None:
         """Continue from a checkpoint (after :meth:`setup` has redone the deterministic standardization)."""
         self.state = saved["method_state"]
         self.executor.bytes_sent, self.executor.bytes_received = saved["bytes"]
+        if self.privacy is not None and "privacy" in saved:
+            self.privacy.restore(saved["privacy"])
         self._bytes_mark = None
 
     def export_client_states(self) -> dict:

@@ -15,6 +15,7 @@ from typing import Optional
 
 from fedsim.config import ExperimentConfig, dump_yaml
 from fedsim.errors import NumericalError, unwrapped
+from fedsim.privacy.protocol import PRIVACY_SUMMARY_KEYS
 from fedsim.runtime.callbacks import Callback, EarlyStopping, MetricsFile, ProgressBar, TensorBoard
 from fedsim.runtime.checkpoint import restore_rng_states, rng_states, save_checkpoint
 from fedsim.runtime.files import atomic_write_text
@@ -135,8 +136,11 @@ class Simulator:
             for k, v in last_evaluated.items()
             if k.startswith(("target_accuracy_", "source_accuracy_", "final_", "score_"))
         }
+        last = self.history[-1]
+        spent = {k: last[k] for k in PRIVACY_SUMMARY_KEYS if k in last}  # the whole run's, with privacy on
         return {
             **extra,
+            **spent,
             "method": self.config.method.name,
             "benchmark": self.config.data.benchmark,
             "target": self.config.data.target,
