@@ -2,8 +2,8 @@
 
 Each noised exchange is one Gaussian mechanism of noise multiplier z on one client's clipped contribution. When its
 senders are a sample of rate q < 1 that only the server knows (the central mode, on a summed stage) it is a
-Poisson-subsampled Gaussian (DP-FedAvg's analysis, McMahan et al., ICLR 2018, Sec. 3 and App. A, with the moments
-accountant of Abadi et al., CCS 2016); otherwise a plain Gaussian. A round composes its exchanges and the run
+Poisson-subsampled Gaussian (DP-FedAvg, McMahan et al., ICLR 2018, which counts it with the moments accountant of
+Abadi et al., CCS 2016); otherwise a plain Gaussian. A round composes its exchanges and the run
 composes its rounds. The accountant is Renyi DP (Mironov, CSF 2017) by default, or privacy loss distributions.
 """
 
