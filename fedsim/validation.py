@@ -7,12 +7,13 @@ turns it into exit code 2 before anything is written.
 from __future__ import annotations
 
 import difflib
+import importlib.util
 import math
 import typing
 from dataclasses import fields
 from typing import Any, Mapping
 
-from fedsim.errors import UserError
+from fedsim.errors import MissingDependency, UserError
 
 
 def bare_off(value):
@@ -286,6 +287,11 @@ def check_privacy(config) -> None:
     privacy, name = config.privacy, config.method.name
     if not privacy.active:
         return
+    if importlib.util.find_spec("dp_accounting") is None:
+        raise MissingDependency(
+            "the privacy section counts the budget with Google's dp-accounting, which is not installed: "
+            "pip install -c constraints.txt dp-accounting"
+        )
     exchanges = method_exchanges(config)
     training = ", ".join(exchanges.default_stages)
     for stage in privacy.stages:

@@ -4,6 +4,7 @@ resume, every supported method within its budget, one-line refusals, and privacy
 
 import json
 import math
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -13,7 +14,7 @@ from conftest import assert_same_results, run_until
 from fedsim.api import run_experiment
 from fedsim.config import load_config
 from fedsim.data.scenario import build_federation
-from fedsim.errors import UserError
+from fedsim.errors import MissingDependency, UserError
 from fedsim.experiments.cli import main
 from fedsim.messages import Instruction, Reply
 from fedsim.privacy.accountant import calibrate_noise_multiplier, make_accountant, run_event, spent_epsilon
@@ -235,3 +236,10 @@ def test_a_refused_setting_exits_2_with_one_line(toy_overrides, tmp_path, capsys
     err = capsys.readouterr().err
     assert code == 2 and expected in err, err
     assert len(err.strip().splitlines()) == 1 and not out.exists()
+
+
+def test_without_dp_accounting_privacy_says_what_to_install(toy_overrides, monkeypatch):
+    monkeypatch.setitem(sys.modules, "dp_accounting", None)  # as if it were not installed
+    with pytest.raises(MissingDependency, match="pip install -c constraints.txt dp-accounting"):
+        load_config(None, toy_overrides + ["run.backend=local", *ON])
+    assert not load_config(None, toy_overrides + ["run.backend=local"]).privacy.active  # off: not needed
