@@ -159,6 +159,18 @@ def test_a_private_run_repeats_its_numbers_and_spends_more_each_round(toy_overri
     assert not any(k.startswith("privacy_") for m in plain.history for k in m)
 
 
+def test_only_the_central_mode_counts_the_sampling(toy_overrides):
+    """Two of four sources per round: the central mode accounts a Poisson-subsampled Gaussian (q = 1/2), the local
+    one a plain Gaussian (the server sees who sent each reply), with noise z C on every reply."""
+    sampled = ["data.clients_per_domain=2", "run.clients_per_round=2", *ON]
+    central = _run(toy_overrides, *sampled)
+    local = _run(toy_overrides, *sampled, "privacy.mode=local")
+    assert central.summary["privacy_epsilon"] == pytest.approx(spent_epsilon([(0.5,)] * 2, 1.0, 1e-5))
+    assert local.summary["privacy_epsilon"] == pytest.approx(spent_epsilon([(1.0,)] * 2, 1.0, 1e-5))
+    assert central.summary["privacy_epsilon"] < local.summary["privacy_epsilon"]
+    assert any(not np.allclose(central.global_tensors[k], local.global_tensors[k]) for k in local.global_tensors)
+
+
 def test_privacy_off_leaves_every_number_as_recorded(tmp_path):
     """The default: no privacy object, and FedAvg's golden case gives its recorded numbers."""
     from tools.golden import differences, record_case
