@@ -317,11 +317,6 @@ def check_privacy(config) -> None:
             f"privacy.stage_clip names {', '.join(unknown)}, not a noised stage of method {name!r}: use "
             f"{', '.join(noised)}"
         )
-    if name == "feddadil" and config.run.cache_dir:
-        raise UserError(
-            "run.cache_dir shares FedDaDiL's encoder stage between runs under a key that does not hold the privacy "
-            "section, so a noised run could replay a stage trained without noise: leave run.cache_dir unset"
-        )
 
 
 def check_missing_replies(config) -> None:

@@ -69,10 +69,16 @@ class EncoderStage:
 
     def cached(self) -> bool:
         """Whether the stage goes through ``run.cache_dir``: not with unreliable clients (their draws and clock
-        are the run's own) nor in a run that never finishes the stage (it would hold the lock to its end)."""
+        are the run's own), nor with differential privacy (its noise is the run's own), nor in a run that never
+        finishes the stage (it would hold the lock to its end)."""
         config = self.host.config
+        private = config.privacy.active
         return bool(
-            config.run.cache_dir and self.uses_encoder and not config.clients.active and self.rounds < config.run.rounds
+            config.run.cache_dir
+            and self.uses_encoder
+            and not config.clients.active
+            and not private
+            and self.rounds < config.run.rounds
         )
 
     def cache_parts(self) -> dict:
