@@ -58,7 +58,8 @@ def finish(fig, ax, path: Path, xlabel: str, ylabel: str, title: str) -> Path:
     ax.set_ylabel(ylabel)
     ax.set_title(title)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
+    if ax.get_legend_handles_labels()[0]:  # an empty plot (no trial finished yet) has nothing to name
+        ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path)
     return path
