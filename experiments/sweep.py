@@ -18,7 +18,8 @@ trials only, so adding a method to a sweep is one word in ``--methods``.
 Beyond grids: a ``--set`` range (``method.lr=loguniform(1e-4,1e-1)``, ``uniform``, ``randint``, ``choice``) is
 sampled by ``--search random|optuna`` (``--num-samples`` configurations, each run at every grid point, seeds
 included), and ``--scheduler asha`` stops trials early; both rank trials by a score computed without target labels
-(the first ``--select`` score, else ``source_accuracy``): :mod:`fedsim.experiments.sweep_search`.
+(the first ``--select`` score, else ``source_accuracy`` or, without a validation part, ``entropy``):
+:mod:`fedsim.experiments.sweep_search`.
 ``--select SCORE[,SCORE...]`` has every trial compute those scores (``run.scores``) and writes, after the sweep,
 which setting each score picks per method (``selection.md``, ``selection.csv``, ``selection.png``:
 :mod:`fedsim.experiments.selection`).
@@ -95,7 +96,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--scheduler",
         choices=("asha",),
-        help="stop poor trials early: ASHA on the --select score (default source_accuracy) per round",
+        help="stop poor trials early: ASHA on the --select score per round (default source_accuracy with a "
+        "validation part, else entropy)",
     )
     parser.add_argument("--grace-period", help="rounds every trial runs before ASHA may stop it (default 1)")
     parser.add_argument(

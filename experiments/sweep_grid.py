@@ -301,6 +301,8 @@ def spec_from_args(args: argparse.Namespace) -> SweepSpec:
         from fedsim.experiments.sweep_search import settings_from_args
 
         search = settings_from_args(args, ranges)
+        if (search.get("search") or search.get("scheduler")) and not search.get("select"):
+            search["metric"] = _default_metric(base, constants, ordered)
     return SweepSpec(config_file, raw, constants, ordered, ranges=ranges, search=search)
 
 
@@ -368,3 +370,13 @@ def range_checks(ranges: dict[str, list]) -> list[dict[str, Any]]:
     for key, values in edges.items():
         checks += [{**first, key: value} for value in values[1:]]
     return checks
+
+
+def _default_metric(base, constants: list[str], axes: dict) -> str:
+    """The score a search or scheduler ranks trials by when ``--select`` names none: ``source_accuracy`` (DomainBed's
+    training-domain validation) when every trial's sources hold a validation part, else ``entropy`` (the target's
+    prediction entropy, which needs none). Fixed once and stored with the sweep, so ``--resume`` ranks alike."""
+    key = "data.validation_fraction"
+    given = [c.split("=", 1)[1] for c in constants if c.split("=", 1)[0] == key]
+    fractions = axes.get(key) or ([_yaml_value(key, given[0])] if given else [base.data.validation_fraction])
+    return "source_accuracy" if min(float(f) for f in fractions) > 0 else "entropy"

@@ -21,7 +21,8 @@ configuration over its seeds.
 The metric (what Optuna maximizes and ASHA compares) is a score computed without target labels, reported as
 ``score_<name>`` on every evaluated round and in the run's summary: the first ``--select`` score, else
 ``source_accuracy`` (the sources' held-out validation accuracy, DomainBed's training-domain validation; Gulrajani &
-Lopez-Paz, ICLR 2021), which needs ``data.validation_fraction`` above 0. Target accuracy is never the metric.
+Lopez-Paz, ICLR 2021) when ``data.validation_fraction`` is above 0, else ``entropy`` (the target's prediction
+entropy, Morerio et al., ICLR 2018), which needs no validation part. Target accuracy is never the metric.
 ``--scheduler asha`` is Tune's ``ASHAScheduler`` (Li et al., MLSys 2020) on that metric with ``time_attr="round"``,
 ``--grace-period`` rounds (1 by default, Tune's own), Tune's reduction factor (4) and ``max_t`` one above the trials'
 rounds (a trial that survives every rung ends by itself and reports its summary); it also prunes plain grids. ASHA
@@ -221,11 +222,12 @@ def require_optuna() -> None:
 
 
 def metric_score(settings: dict) -> Optional[str]:
-    """The score a searcher or scheduler ranks trials by: the first ``--select`` score, else
-    :data:`DEFAULT_SCORE`; None for a grid without either."""
+    """The score a searcher or scheduler ranks trials by: the first ``--select`` score, else the sweep's default
+    metric (``source_accuracy`` with a validation part, else ``entropy``: :func:`fedsim.experiments.sweep_grid.
+    spec_from_args`); None for a grid without either."""
     if not settings.get("search") and not settings.get("scheduler"):
         return None
-    return (settings.get("select") or [DEFAULT_SCORE])[0]
+    return (settings.get("select") or [settings.get("metric") or DEFAULT_SCORE])[0]
 
 
 def metric_name(settings: dict) -> Optional[str]:

@@ -17,7 +17,7 @@ from fedsim.experiments import sweep_search
 from fedsim.experiments.cli import build_parser, main
 from fedsim.experiments.sweep import default_setting, selection_keys
 from fedsim.experiments.sweep_grid import point_key, range_checks, spec_from_args
-from fedsim.experiments.sweep_search import GridPoints, Range, parse_range
+from fedsim.experiments.sweep_search import GridPoints, Range, metric_name, parse_range
 from fedsim.experiments.sweep_trial import TrialPlan, TrialResources, summary_row
 from fedsim.selection import resolve_scores
 
@@ -86,7 +86,14 @@ def test_a_range_becomes_a_sampled_key_and_a_comma_list_stays_an_axis(toy_overri
     )
     assert spec.ranges == {"method.lr": ["loguniform", 0.001, 0.1]}
     assert spec.axes == {"method.name": ["fedavg"], "method.local_epochs": [1, 2], "run.seed": [0, 1]}
-    assert spec.search == {"search": "random", "num_samples": 3, "scheduler": None, "grace_period": None, "select": []}
+    assert spec.search == {
+        "search": "random",
+        "num_samples": 3,
+        "scheduler": None,
+        "grace_period": None,
+        "select": [],
+        "metric": "entropy",  # no --select and no validation part: the target's prediction entropy ranks
+    }
     again = type(spec).from_json(spec.to_json())  # sweep.json keeps the ranges and the search for --resume
     assert (again.ranges, again.search, again.axes) == (spec.ranges, spec.search, spec.axes)
     # run.scores takes a comma list of its own: a constant, not a grid axis
@@ -282,7 +289,6 @@ BAD_SWEEPS = [
     (["--set", "run.seed=randint(0,3)", "--search", "random"], "a range samples a method or model setting"),
     (["--set", "method.name=choice(fedavg,fedprox)", "--search", "random"], "sweep methods with --methods a,b"),
     (["--set", "method.batch_size=randint(0,4)", "--search", "random", "--select", "entropy"], "batch_size must be"),
-    (["--scheduler", "asha"], "add --set data.validation_fraction=0.2 or give --select entropy"),
     (["--scheduler", "asha", "--grace-period", "5", "--select", "entropy"], "--grace-period 5 leaves ASHA nothing"),
     (["--select", "source_loss"], "add --set data.validation_fraction=0.2"),
     (["--resume", "--search", "random"], "drop --search"),
@@ -400,3 +406,19 @@ def test_optuna_asha_sweep_interrupted_then_resumed(toy_overrides, tmp_path, ray
     selection = (out / "selection.md").read_text()
     assert "| method=fedavg |" in selection and "source_accuracy (score)" in selection
     assert (out / "selection.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_without_select_a_search_ranks_by_source_accuracy_with_a_validation_part_else_by_entropy(toy_overrides):
+    lr = ["--set", "method.lr=loguniform(1e-3,1e-1)", "--search", "random"]
+    flags = _flags(toy_overrides, drop=("method.lr",))
+    plain = _spec(flags + lr)
+    held_out = _spec(flags + ["--set", "data.validation_fraction=0.2"] + lr)
+    axis = _spec(flags + ["--set", "data.validation_fraction=0,0.2", "--scheduler", "asha"])
+    assert (plain.search["metric"], held_out.search["metric"], axis.search["metric"]) == (
+        "entropy",
+        "source_accuracy",
+        "entropy",  # a grid point without a validation part could not report source_accuracy
+    )
+    chosen = _spec(flags + lr + ["--select", "mano"])
+    assert "metric" not in chosen.search and metric_name(chosen.search) == "score_mano"
+    assert metric_name(plain.search) == "score_entropy"
