@@ -441,7 +441,8 @@ def measure(
     permutations: int = PERMUTATIONS,
 ) -> list[Line]:
     """The membership signal of each client's rows in the measured round, and of every client's together, in each
-    run of :func:`settings`. Client c's reference rows and relabelings are drawn with ``seed + c``."""
+    run of :func:`settings`. Client c's reference rows and relabelings are drawn with ``seed + c``: its calls in
+    the round (FADA's adversarial steps) share them, as they share its training and held-out rows."""
     disclosure_of(config)  # an unsupported method is refused before anything runs
     if wanted_round is not None and not 1 <= wanted_round <= config.run.rounds:
         raise UserError(f"--round {wanted_round} is not a round of the run: give 1 to {config.run.rounds}")
