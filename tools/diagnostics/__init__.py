@@ -6,9 +6,10 @@ Each module has ``NAME``, ``HELP``, ``add_arguments(parser)`` and ``run(args) ->
 
 from __future__ import annotations
 
-from tools.diagnostics import feddadil_alpha, feddadil_atoms, feddadil_labels, feddadil_plateau, sources
+from tools.diagnostics import disclosure, feddadil_alpha, feddadil_atoms, feddadil_labels, feddadil_plateau, sources
 
 #: diagnostic name -> its module
 DIAGNOSTICS = {
-    module.NAME: module for module in (feddadil_atoms, feddadil_labels, feddadil_alpha, feddadil_plateau, sources)
+    module.NAME: module
+    for module in (feddadil_atoms, feddadil_labels, feddadil_alpha, feddadil_plateau, sources, disclosure)
 }
