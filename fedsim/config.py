@@ -16,7 +16,7 @@ import os
 import typing
 from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Optional
+from typing import Any, ClassVar, Iterable, Mapping, Optional
 
 import yaml
 
@@ -213,9 +213,36 @@ class ResourcesConfig:
     """Batched clients: "off", each client's operation runs alone (the committed results); "auto", the local SGD of
     the clients in one call runs as one batched computation where it is faster
     (:mod:`fedsim.methods.common.vectorized`, ``docs/performance.md``)."""
+    groups: Optional[dict] = field(default=None, hash=False)
+    """Other ``cpus_per_client`` and ``gpus_per_client`` for a group of clients: ``{group: {key: value}}``, a group
+    being a role ("source", "target") or a domain of the benchmark, e.g.
+    ``--set 'resources.groups={target: {gpus_per_client: 0.5}}'``. Key by key, a client takes its domain's value,
+    else its role's, else the section's. They place work only: Ray client actors reserve them (clients of different
+    resources never share an actor, ``docs/cluster.md``), while every client's torch threads follow the section's
+    ``cpus_per_client`` on both backends, so that the numbers do not depend on the groups."""
+
+    GROUP_ROLES: ClassVar[tuple[str, ...]] = ("source", "target")
+    """The roles ``groups`` may name (beside the benchmark's domains)."""
+    GROUP_KEYS: ClassVar[tuple[str, ...]] = ("cpus_per_client", "gpus_per_client")
+    """The keys a group may override."""
 
     def __post_init__(self):  # YAML reads a bare `off` as false
         object.__setattr__(self, "vectorize", bare_off(self.vectorize))
+
+    @property
+    def asks_gpus(self) -> bool:
+        """Whether some client may ask for GPUs: ``gpus_per_client`` or a group's is above 0."""
+        return self.gpus_per_client > 0 or any(
+            (g or {}).get("gpus_per_client", 0) > 0 for g in (self.groups or {}).values()
+        )
+
+    def of_client(self, domain: str, role: str) -> tuple[float, float]:
+        """The (CPUs, GPUs) a client of ``domain`` in ``role`` asks for: the section's values, replaced key by key
+        by its role's group, then by its domain's (checked by :func:`fedsim.validation.check_resource_groups`)."""
+        values = {key: getattr(self, key) for key in self.GROUP_KEYS}
+        for group in (role, domain):
+            values.update((self.groups or {}).get(group) or {})
+        return float(values["cpus_per_client"]), float(values["gpus_per_client"])
 
 
 @dataclass(frozen=True)

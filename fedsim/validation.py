@@ -348,6 +348,46 @@ def validate(config) -> None:
     check_missing_replies(config)
     check_privacy(config)
     check_scores(config)
+    check_resource_groups(config)
+
+
+def check_resource_groups(config) -> None:
+    """``resources.groups``: a mapping from a role (source, target) or a domain of the benchmark to overrides of
+    ``cpus_per_client`` (positive) and ``gpus_per_client`` (0 or more), and of nothing else. The benchmark lists its
+    domains only when a name is neither a role nor ``data.target`` nor one of ``data.sources``."""
+    from fedsim.config import ResourcesConfig
+    from fedsim.data.scenario import get_benchmark
+
+    groups, keys, roles = config.resources.groups, list(ResourcesConfig.GROUP_KEYS), ResourcesConfig.GROUP_ROLES
+    example = "e.g. --set 'resources.groups={target: {gpus_per_client: 0.5}}'"
+    if groups is None:
+        return
+    if not isinstance(groups, dict):
+        raise UserError(f"resources.groups must map client groups to resources, got {groups!r}: {example}")
+    for name, overrides in groups.items():
+        where = f"resources.groups.{name}"
+        if not isinstance(overrides, dict):
+            raise UserError(f"{where} must map {' and '.join(keys)} to numbers, got {overrides!r}: {example}")
+        for key, value in overrides.items():
+            if key not in keys:
+                match = difflib.get_close_matches(str(key), keys, n=1)
+                hint = f": did you mean {match[0]!r}?" if match else ""
+                raise UserError(f"unknown config key '{where}.{key}': a group sets {' and '.join(keys)} only{hint}")
+            number = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+            if key == "cpus_per_client" and not (number and value > 0):
+                raise UserError(f"{where}.{key} must be a positive number, got {value!r}")
+            if key == "gpus_per_client" and not (number and value >= 0):
+                raise UserError(f"{where}.{key} must be 0 or a positive number, got {value!r}")
+        if name in (*roles, config.data.target, *config.data.sources):
+            continue
+        domains = list(get_benchmark(config.data).domains())
+        if name not in domains:
+            match = difflib.get_close_matches(str(name), [*roles, *domains], n=1)
+            hint = f"did you mean {match[0]!r}?" if match else f"use {', '.join([*roles, *domains])}"
+            raise UserError(
+                f"resources.groups names {name!r}, neither a role ({', '.join(roles)}) nor a domain of benchmark "
+                f"{config.data.benchmark!r}: {hint}"
+            )
 
 
 def check_scores(config) -> None:
