@@ -94,7 +94,7 @@ class EncoderStage:
             "seed": config.run.seed,
             "clients_per_round": config.run.clients_per_round,
             "resources": config.to_dict()["resources"],
-            "client_device": "cuda" if config.resources.gpus_per_client > 0 and config.run.backend == "ray" else "cpu",
+            "client_device": "cuda" if config.resources.asks_gpus and config.run.backend == "ray" else "cpu",
             "rounds": self.rounds,
             "local": [dataclasses.asdict(self.round_settings(r)) for r in range(1, self.rounds + 1)],
         }
