@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
 import os
 import socket
 import time
+from dataclasses import dataclass
 
 import ray
 
@@ -131,24 +131,154 @@ def gpus_or_cpu(gpus_per_client: float, cluster_gpus: float) -> float:
     return gpus_per_client
 
 
-def plan_actors(config, federation) -> tuple[int, dict[int, int], float]:
-    """How many client actors, which clients each hosts, and the GPUs each gets.
+Resources = tuple[float, float]
+"""What one client, or one client actor, reserves: (CPUs, GPUs)."""
 
-    Sources are spread round-robin first (they do the training), then targets.
+
+@dataclass(frozen=True)
+class ActorPlan:
+    """The client actors of a run: what each reserves and which clients each hosts."""
+
+    resources: tuple[Resources, ...]
+    """(CPUs, GPUs) of each actor, by index; GPUs above 0 run its clients on CUDA."""
+    assignment: dict[int, int]
+    """Client id -> the index of the actor that hosts it."""
+
+    @property
+    def count(self) -> int:
+        """The number of client actors."""
+        return len(self.resources)
+
+    def hosted(self) -> tuple[tuple[int, ...], ...]:
+        """The client ids of each actor, by index, sorted."""
+        return tuple(
+            tuple(sorted(cid for cid, a in self.assignment.items() if a == index)) for index in range(self.count)
+        )
+
+
+def resource_classes(config, clients, cluster_gpus: float, warn: bool = True) -> list[tuple[Resources, list[int]]]:
+    """The clients grouped by what they reserve (``resources.groups``): ``[((CPUs, GPUs), client ids)]``, each class
+    in the order of its first client and its clients in the given order (``clients``: (id, domain, role) in placement
+    order). A cluster without GPUs runs every client on the CPU (with one warning, unless ``warn`` is False)."""
+    wanted = {cid: config.resources.of_client(domain, role) for cid, domain, role in clients}
+    asking = {(domain, wanted[cid][1]) for cid, domain, _ in clients if wanted[cid][1] > 0}
+    if asking and cluster_gpus == 0 and warn:
+        if not config.resources.groups:
+            gpus_or_cpu(config.resources.gpus_per_client, cluster_gpus)  # warns
+        else:
+            named = ", ".join(f"{domain} ({gpus:g} each)" for domain, gpus in sorted(asking))
+            log.warning("the clients of %s asked for GPUs but the Ray cluster has none: running on CPU", named)
+    if cluster_gpus == 0:
+        wanted = {cid: (cpus, 0.0) for cid, (cpus, _) in wanted.items()}
+    classes: dict[Resources, list[int]] = {}
+    for cid, _, _ in clients:
+        classes.setdefault(wanted[cid], []).append(cid)
+    return list(classes.items())
+
+
+def actor_sequence(
+    demands: list[Resources], sizes: list[int], cpus: float, gpus: float, max_actors: int | None
+) -> list[int]:
+    """The class of each client actor, in actor order: one actor of every class first (whether or not they fit:
+    the caller checks), then one more actor per class in turn, for each class that has more clients than actors,
+    until ``max_actors`` or the first actor that does not fit in ``cpus`` and ``gpus`` besides those before it.
+
+    The order of the turns does not depend on the cluster, so a cluster with more room plans the same actors
+    first: a sweep trial's bundles (:func:`fedsim.experiments.sweep_trial.plan_trial`) are the first actors of
+    the plan its run makes with ``ray.max_actors`` set to their number. With one class this is
+    ``min(clients, cpus // its CPUs, gpus // its GPUs, max_actors)`` actors, at least 1."""
+    sequence = list(range(len(demands)))
+    counts = [1] * len(demands)
+    while max_actors is None or len(sequence) < max_actors:
+        growing = [c for c in range(len(demands)) if counts[c] < sizes[c]]
+        if not growing:
+            break
+        for c in growing:
+            used_cpus = sum(n * d[0] for n, d in zip(counts, demands)) + demands[c][0]
+            used_gpus = sum(n * d[1] for n, d in zip(counts, demands)) + demands[c][1]
+            if used_cpus > cpus + 1e-9 or (demands[c][1] > 0 and used_gpus > gpus + 1e-9):
+                return sequence
+            sequence.append(c)
+            counts[c] += 1
+            if max_actors is not None and len(sequence) >= max_actors:
+                break
+    return sequence
+
+
+def check_classes_fit(demands: list[Resources], cpus: float, gpus: float, max_actors: int | None, where: str) -> None:
+    """Clients of different resources never share an actor, so a run with two or more resource classes needs one
+    actor of each at once: a one-line UserError where ``ray.max_actors`` or the cluster (``where``: what it is and
+    the CPUs and GPUs it has) cannot hold them."""
+    if len(demands) < 2:
+        return
+    listed = ", ".join(f"{c:g} CPUs" + (f" + {g:g} GPUs" if g else "") for c, g in demands)
+    if max_actors is not None and max_actors < len(demands):
+        raise UserError(
+            f"resources.groups gives the clients {len(demands)} different resources ({listed}), one actor each at "
+            f"least, but ray.max_actors={max_actors}: raise it to {len(demands)} or set fewer groups"
+        )
+    need_cpus, need_gpus = sum(c for c, _ in demands), sum(g for _, g in demands)
+    if need_cpus > cpus + 1e-9 or need_gpus > gpus + 1e-9:
+        raise UserError(
+            f"resources.groups gives the clients {len(demands)} different resources ({listed}), one actor each at "
+            f"least: {need_cpus:g} CPUs and {need_gpus:g} GPUs together, more than {where}: lower the groups' "
+            "cpus_per_client or gpus_per_client, or wait for worker nodes (ray status)"
+        )
+
+
+def placement_order(federation) -> list[tuple[int, str, str]]:
+    """The clients as (id, domain, role) in the order actors take them: sources first (they do the training),
+    then targets."""
+    return [
+        (cid, federation.info(cid).domain, federation.info(cid).role)
+        for cid in federation.source_ids + federation.target_ids
+    ]
+
+
+def plan_actors(config, federation) -> ActorPlan:
+    """How many client actors, which clients each hosts, and what each reserves.
+
+    The clients of one resource class (:func:`resource_classes`: the same CPUs and GPUs, ``resources.groups``) are
+    spread round-robin over that class's actors, sources first, then targets; clients of different classes never
+    share an actor. The classes' actors come in the turns of :func:`actor_sequence` within the cluster's CPUs and
+    GPUs (and ``ray.max_actors``). With two or more classes, a cluster that cannot hold one actor of each is a
+    UserError; a single class gets one actor even where it does not fit (Ray starts it once there is room).
     Placement depends only on the config and the cluster size, never on timing.
     """
-    resources = ray.cluster_resources()
-    cpus = resources.get("CPU", 1.0)
-    gpus_per_client = gpus_or_cpu(config.resources.gpus_per_client, resources.get("GPU", 0))
-    slots = max(1, math.floor(cpus / config.resources.cpus_per_client + 1e-9))
-    if gpus_per_client > 0:
-        slots = min(slots, max(1, math.floor(resources["GPU"] / gpus_per_client + 1e-9)))
-    count = min(len(federation.clients), slots)
-    if config.ray.max_actors:
-        count = min(count, config.ray.max_actors)
-    order = federation.source_ids + federation.target_ids
-    assignment = {cid: i % count for i, cid in enumerate(order)}
-    return count, assignment, gpus_per_client
+    cluster = ray.cluster_resources()
+    cpus, gpus = cluster.get("CPU", 1.0), cluster.get("GPU", 0.0)
+    classes = resource_classes(config, placement_order(federation), gpus)
+    demands = [demand for demand, _ in classes]
+    where = f"the Ray cluster's {cpus:g} CPUs and {gpus:g} GPUs"
+    check_classes_fit(demands, cpus, gpus, config.ray.max_actors, where)
+    sequence = actor_sequence(demands, [len(ids) for _, ids in classes], cpus, gpus, config.ray.max_actors)
+    assignment: dict[int, int] = {}
+    for c, (_, ids) in enumerate(classes):
+        actors = [index for index, kind in enumerate(sequence) if kind == c]
+        assignment.update({cid: actors[i % len(actors)] for i, cid in enumerate(ids)})
+    return ActorPlan(tuple(demands[kind] for kind in sequence), dict(sorted(assignment.items())))
+
+
+def own_bundles(resources: tuple[Resources, ...]) -> tuple | None:
+    """Where actors of different resources run inside a placement group whose bundles match them one for one, in
+    order (a sweep trial's, :meth:`fedsim.experiments.sweep_trial.TrialPlan.bundles`): (the group, the bundle index
+    of actor 0), so that each actor takes its own bundle and a small actor never takes the room a larger one was
+    reserved. None otherwise: Ray places the actors (inside the group, if the caller runs in one)."""
+    from ray.util import get_current_placement_group
+
+    group = get_current_placement_group() if len(set(resources)) > 1 else None
+    if group is None:
+        return None
+    wanted = [{"CPU": cpus, **({"GPU": gpus} if gpus > 0 else {})} for cpus, gpus in resources]
+    specs = [{k: float(v) for k, v in spec.items() if k in ("CPU", "GPU") and v} for spec in group.bundle_specs]
+    for first in range(len(specs) - len(wanted) + 1):
+        if all(_same(specs[first + i], bundle) for i, bundle in enumerate(wanted)):
+            return group, first
+    return None
+
+
+def _same(bundle: dict[str, float], wanted: dict[str, float]) -> bool:
+    return bundle.keys() == wanted.keys() and all(abs(bundle[k] - wanted[k]) < 1e-9 for k in wanted)
 
 
 def kill_hook() -> str:
@@ -165,12 +295,12 @@ def start_server(config, federation, runtime_env: dict | None = None) -> RemoteS
     ``runtime_env`` when given) and wait until they are ready and the server holds its initial state. A client
     actor that dies meanwhile is recreated (up to ``ray.max_restarts`` times); one that keeps dying, or whose
     constructor raises, surfaces here, before round 1."""
-    count, assignment, gpus = plan_actors(config, federation)
-    hosted = tuple(tuple(sorted(cid for cid, a in assignment.items() if a == index)) for index in range(count))
+    plan = plan_actors(config, federation)
+    count, assignment = plan.count, plan.assignment
     settings = config.ray
-    device = "cuda" if gpus > 0 else "cpu"
-    cpus = config.resources.cpus_per_client
-    spec = ActorSpec(config, federation, hosted, device, cpus, gpus, kill_hook(), runtime_env)
+    spec = ActorSpec(
+        config, federation, plan.hosted(), plan.resources, kill_hook(), runtime_env, own_bundles(plan.resources)
+    )
     client_actors = [spec.create(index) for index in range(count)]
     executor = RayExecutor(
         client_actors,

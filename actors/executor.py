@@ -65,11 +65,14 @@ class ActorSpec:
     config: object
     federation: object
     hosted: tuple[tuple[int, ...], ...]  # client ids per actor index
-    device: str
-    num_cpus: float
-    num_gpus: float
+    resources: tuple[tuple[float, float], ...]  # (CPUs, GPUs) per actor index; GPUs above 0: its clients on CUDA
     kill: str = ""  # the FEDSIM_TEST_KILL test hook (fedsim.actors.client), "" when unset
     runtime_env: Any = None  # the actors' Ray runtime environment (None: the job's, or the creating actor's)
+    bundles: Any = None  # (placement group, bundle of actor 0): actor i in bundle i + that; None: where Ray puts it
+
+    def device(self, index: int) -> str:
+        """Where actor ``index`` runs its clients: "cuda" when it reserves GPUs, else "cpu"."""
+        return "cuda" if self.resources[index][1] > 0 else "cpu"
 
     def ray_options(self, **resources) -> dict[str, Any]:
         """Ray's options for an actor of this run: ``resources``, and the run's runtime environment when it has
@@ -77,10 +80,19 @@ class ActorSpec:
         return {**resources, **({"runtime_env": self.runtime_env} if self.runtime_env else {})}
 
     def create(self, index: int):
+        cpus, gpus = self.resources[index]
+        options = self.ray_options(num_cpus=cpus, num_gpus=gpus)
+        if self.bundles is not None:
+            from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+            group, first = self.bundles
+            options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
+                group, placement_group_bundle_index=first + index, placement_group_capture_child_tasks=True
+            )
         return (
             ray.remote(ClientActor)
-            .options(**self.ray_options(num_cpus=self.num_cpus, num_gpus=self.num_gpus))
-            .remote(self.config, self.federation, list(self.hosted[index]), self.device, self.kill)
+            .options(**options)
+            .remote(self.config, self.federation, list(self.hosted[index]), self.device(index), self.kill)
         )
 
 

@@ -208,12 +208,12 @@ def test_fractional_gpus_share_a_gpu_among_client_actors(images, monkeypatch, ca
     config = load_config(None, [*images, "resources.gpus_per_client=0.5"])
     federation = build_federation(config.data)
     monkeypatch.setattr(backend.ray, "cluster_resources", lambda: {"CPU": 8.0, "GPU": 1.0})
-    count, assignment, gpus = backend.plan_actors(config, federation)
-    assert (count, gpus) == (2, 0.5) and sorted(set(assignment.values())) == [0, 1]
+    plan = backend.plan_actors(config, federation)
+    assert plan.resources == ((1.0, 0.5),) * 2 and sorted(set(plan.assignment.values())) == [0, 1]
     monkeypatch.setattr(backend.ray, "cluster_resources", lambda: {"CPU": 8.0})
     with caplog.at_level(logging.WARNING):
-        count, _, gpus = backend.plan_actors(config, federation)
-    assert (count, gpus) == (3, 0.0)
+        plan = backend.plan_actors(config, federation)
+    assert plan.resources == ((1.0, 0.0),) * 3
     assert "--gpus-per-client 0.5 asked for GPUs but the Ray cluster has none: running on CPU" in caplog.text
 
 
