@@ -5,7 +5,6 @@
 from __future__ import annotations
 
 import dataclasses
-import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,18 +24,29 @@ class TrialPlan:
     actors: int  # client actors; 0: the local backend, every client in the trial's own process
     cpus: float
     gpus: float
+    per_actor: tuple[tuple[float, float], ...] = ()
+    """Each client actor's (CPUs, GPUs), in actor order, where ``resources.groups`` gives clients different
+    resources (:func:`fedsim.actors.backend.plan_actors`); empty: every actor reserves ``cpus`` and ``gpus``."""
 
     def bundles(self) -> list[dict[str, float]]:
-        client = {"CPU": self.cpus, "GPU": self.gpus} if self.gpus > 0 else {"CPU": self.cpus}
+        """The trial's placement group: the trial coordinator's bundle, then one per client actor with its
+        resources (the local backend: one bundle, the trial's process)."""
         if self.actors == 0:
-            return [client]
-        return [{"CPU": TRIAL_CPUS}] + [dict(client) for _ in range(self.actors)]
+            return [_bundle(self.cpus, self.gpus)]
+        each = self.per_actor or ((self.cpus, self.gpus),) * self.actors
+        return [{"CPU": TRIAL_CPUS}] + [_bundle(cpus, gpus) for cpus, gpus in each]
+
+
+def _bundle(cpus: float, gpus: float) -> dict[str, float]:
+    return {"CPU": cpus, "GPU": gpus} if gpus > 0 else {"CPU": cpus}
 
 
 def plan_trial(config, num_clients: int, cluster: dict[str, float], backend: str = "ray") -> TrialPlan:
     """Client actors of one trial: one per client, at most ``ray.max_actors``, and few enough
     that the whole trial fits in the cluster as it is now (so it can always be placed).
-    The local backend runs the clients one after the other in the trial's process: one bundle."""
+    The local backend runs the clients one after the other in the trial's process: one bundle.
+    With ``resources.groups``, clients of different resources get actors of their own, planned as the trial's run
+    plans them (:func:`fedsim.actors.backend.actor_sequence`), each actor its own bundle."""
     cpus = config.resources.cpus_per_client
     gpus = config.resources.gpus_per_client if cluster.get("GPU", 0) > 0 else 0.0
     total_cpus = cluster.get("CPU", 0.0)
@@ -47,23 +57,44 @@ def plan_trial(config, num_clients: int, cluster: dict[str, float], backend: str
                 f"but the Ray cluster has {total_cpus:g}: lower it"
             )
         return TrialPlan(0, cpus, gpus)
-    if cpus + TRIAL_CPUS > total_cpus + 1e-9:
-        raise UserError(
-            f"a trial needs {cpus + TRIAL_CPUS:g} CPUs (one client actor at resources.cpus_per_client={cpus:g} "
-            f"+ {TRIAL_CPUS:g} for the trial) but the Ray cluster has {total_cpus:g} now: "
-            "lower --cpus-per-client, or wait for worker nodes (ray status)"
-        )
-    if gpus > cluster.get("GPU", 0.0) + 1e-9:
-        raise UserError(
-            f"--gpus-per-client {gpus:g} is more than the {cluster['GPU']:g} GPUs of the Ray cluster: lower it"
-        )
-    count = num_clients
-    if config.ray.max_actors:
-        count = min(count, config.ray.max_actors)
-    count = min(count, math.floor((total_cpus - TRIAL_CPUS) / cpus + 1e-9))
-    if gpus > 0:
-        count = min(count, math.floor(cluster["GPU"] / gpus + 1e-9))
-    return TrialPlan(max(1, count), cpus, gpus)
+    from fedsim.actors.backend import actor_sequence, check_classes_fit
+
+    classes = trial_classes(config, num_clients, cluster)
+    demands, sizes = [demand for demand, _ in classes], [size for _, size in classes]
+    room, gpu_room = total_cpus - TRIAL_CPUS, cluster.get("GPU", 0.0)
+    if len(classes) == 1:
+        cpus, gpus = demands[0]
+        if cpus + TRIAL_CPUS > total_cpus + 1e-9:
+            raise UserError(
+                f"a trial needs {cpus + TRIAL_CPUS:g} CPUs (one client actor at resources.cpus_per_client={cpus:g} "
+                f"+ {TRIAL_CPUS:g} for the trial) but the Ray cluster has {total_cpus:g} now: "
+                "lower --cpus-per-client, or wait for worker nodes (ray status)"
+            )
+        if gpus > gpu_room + 1e-9:
+            raise UserError(
+                f"--gpus-per-client {gpus:g} is more than the {gpu_room:g} GPUs of the Ray cluster: lower it"
+            )
+        return TrialPlan(len(actor_sequence(demands, sizes, room, gpu_room, config.ray.max_actors)), cpus, gpus)
+    where = f"the Ray cluster's {total_cpus:g} CPUs ({TRIAL_CPUS:g} of them for the trial) and {gpu_room:g} GPUs now"
+    check_classes_fit(demands, room, gpu_room, config.ray.max_actors, where)
+    sequence = actor_sequence(demands, sizes, room, gpu_room, config.ray.max_actors)
+    return TrialPlan(len(sequence), cpus, gpus, tuple(demands[kind] for kind in sequence))
+
+
+def trial_classes(config, num_clients: int, cluster: dict[str, float]) -> list[tuple[tuple[float, float], int]]:
+    """The trial's resource classes, ``[((CPUs, GPUs), clients)]`` in the order its run places them: one class of
+    ``num_clients`` clients without ``resources.groups``; with them, the classes of the trial's federation
+    (:func:`fedsim.actors.backend.resource_classes`; its run warns when GPUs are asked for and there are none)."""
+    from fedsim.actors.backend import placement_order, resource_classes
+
+    if not config.resources.groups:
+        gpus = config.resources.gpus_per_client if cluster.get("GPU", 0) > 0 else 0.0
+        return [((config.resources.cpus_per_client, gpus), num_clients)]
+    from fedsim.data.scenario import build_federation
+
+    federation = build_federation(config.data)
+    classes = resource_classes(config, placement_order(federation), cluster.get("GPU", 0.0), warn=False)
+    return [(demand, len(ids)) for demand, ids in classes]
 
 
 class TrialResources:
