@@ -249,7 +249,7 @@ def run_grid(
     started = connect(address, runtime_env=job_runtime_env(plugins, check_user_env(configs.values()), bool(address)))
     try:
         cluster = ray.cluster_resources()
-        if any(c.resources.gpus_per_client > 0 for c in configs.values()) and cluster.get("GPU", 0) == 0:
+        if any(c.resources.asks_gpus for c in configs.values()) and cluster.get("GPU", 0) == 0:
             log.warning("--gpus-per-client asked for GPUs but the Ray cluster has none: client actors run on CPU")
         plans = {key: plan_trial(config, clients[key], cluster, spec.backend) for key, config in configs.items()}
         tune_dir = out.resolve() / TUNE_NAME
