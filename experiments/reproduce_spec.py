@@ -293,8 +293,9 @@ def _quick_benchmark(spec: PaperSpec, bench: str, extra: Any, old: Optional[dict
 
 
 def shrink(spec: PaperSpec, quick: bool, seeds: Optional[list[int]]) -> PaperSpec:
-    """The grid that runs: ``--quick`` applies the spec's quick section, ``--seeds`` replaces the seeds (seeds given
-    by ``--seeds`` or ``quick.seeds`` replace the benchmarks' and runs' own as well)."""
+    """The grid that runs: ``--quick`` applies the spec's quick section (``quick.targets`` with an empty list leaves
+    that benchmark out, so a spec that also reads files has a smoke test without them), ``--seeds`` replaces the seeds
+    (seeds given by ``--seeds`` or ``quick.seeds`` replace the benchmarks' and runs' own as well)."""
     raw = copy.deepcopy(spec.raw)
     if quick:
         small = check_keys("quick", dict(raw.pop("quick", None) or {}), f"spec {spec.name}: quick")
@@ -302,8 +303,16 @@ def shrink(spec: PaperSpec, quick: bool, seeds: Optional[list[int]]) -> PaperSpe
         raw["set_last"] = list(raw.get("set_last", [])) + strings(small.get("set", []), f"spec {spec.name}: quick.set")
         for bench, targets in (small.get("targets") or {}).items():
             spec._known("benchmark", [bench], spec.benchmarks, f"spec {spec.name}: quick.targets")
+            if targets == []:  # the quick grid leaves the benchmark out, e.g. one that reads files
+                del raw["benchmarks"][bench]
+                raw["series"] = [s for s in raw.get("series", []) if s.get("benchmark") != bench]
+                continue
             raw["benchmarks"][bench] = {**(raw["benchmarks"][bench] or {}), "targets": list(targets)}
+        if not raw["benchmarks"]:
+            raise UserError(f"spec {spec.name}: quick.targets leaves out every benchmark: give one its targets")
         for bench, extra in (small.get("benchmarks") or {}).items():
+            if bench in spec.benchmarks and bench not in raw["benchmarks"]:
+                continue  # left out of the quick grid by quick.targets
             raw["benchmarks"][bench] = _quick_benchmark(spec, bench, extra, raw["benchmarks"][bench])
         for run, extra in (small.get("run_set") or {}).items():
             spec._known("run", [run], spec.runs, f"spec {spec.name}: quick.run_set")
