@@ -36,10 +36,15 @@ PAPERS = {  # paper -> (methods its full grid runs, its targets per benchmark, i
         lambda run, bench: [0, 1, 2] if run.startswith("feddadil") else [0, 1, 2, 3, 4],  # FedDaDiL's cost minutes
     ),
     "fedod": ({"fedod", "fedavg_det", "fedbn_det", "fedrep_det"}, {"scenes": ["dusk"]}, lambda run, bench: [0, 1, 2]),
+    "selection": (  # hyperparameter selection without target labels (tests/test_selection_protocol.py)
+        {"fedavg", "feddann", "fedmmd", "fada", "feddadil"},
+        {"digits": ["mnistm", "usps"], "amazon": ["books", "kitchen"], "office_googlenet": ["amazon", "webcam"]},
+        lambda run, bench: [0, 1, 2],
+    ),
 }
 
 
-def test_the_three_papers_are_shipped():
+def test_the_paper_specs_are_shipped():
     assert available() == sorted(PAPERS)
 
 
@@ -66,7 +71,7 @@ def test_paper_spec_builds_every_trial_config(paper):
             assert trials == sorted(expected)
         for row in spec.rows:  # every row reads a run of the grid
             assert any(run == row.run for _, run, _, _ in spec.variants())
-        assert spec.claims, "a paper spec states the paper's claims"
+        assert spec.claims or spec.select, "a paper spec states the paper's claims or a selection to make"
 
 
 def test_feddadil_protocol_preprocesses_tep_as_the_authors():
@@ -475,7 +480,7 @@ def test_tables_only_bad_input_is_one_line(args, expected, tmp_path, capsys):
     "args, expected",
     [
         (["fad"], "unknown paper 'fad': did you mean 'fada'?"),
-        ([], "give a paper (fada, feddadil, fedod) or --spec FILE, not neither"),
+        ([], "give a paper (fada, feddadil, fedod, selection) or --spec FILE, not neither"),
         (["fada", "--spec", "x.yaml"], "not both"),
         (["--spec", "/nonexistent/spec.yaml"], "spec file /nonexistent/spec.yaml does not exist"),
         (["fada", "--seeds", "0,-1"], "--seeds must be an integer of 0 or more, got '-1'"),
