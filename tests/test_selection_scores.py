@@ -322,10 +322,30 @@ def test_density_ratio_crosses_the_wire_as_arrays(pooled):
         ratio.log_weights(pooled.source_features[:, :3])
 
 
-def test_overflowing_importance_weights_stop_with_a_numerical_error(pooled):
-    logits, labels = pooled.source_logits[:5], pooled.source_labels[:5]
-    with pytest.raises(NumericalError, match="larger ridge"):
-        source_statistics(logits, labels, ("iwv",), np.full(5, 800.0))
+@pytest.mark.parametrize("shift", [-900.0, 0.0, 900.0])
+def test_weights_beyond_float64_on_either_side_keep_iwv_and_dev_exact(pooled, shift):
+    """exp(log w) under- or overflows at |log w| > 709: each client scales its sums by its own largest weight and the
+    server brings them to a common scale, so nearly separable domains still give the exact iwv, and DEV where its
+    risk is a float64 number (it is not when the weights' mean overflows: a NumericalError naming the ridge)."""
+    logits, labels = pooled.source_logits[:60], pooled.source_labels[:60]
+    log_w = np.random.default_rng(3).normal(0.0, 2.0, 60)
+    log_w[:20] += 5.0  # one client's weights far above the others'
+    parts = [slice(0, 20), slice(20, 40), slice(40, 60)]
+    stats = [source_statistics(logits[p], labels[p], ("iwv", "dev"), log_w[p] + shift) for p in parts]
+    iwv = combine_statistics(("iwv",), stats, [])["score_iwv"]
+    assert iwv == pytest.approx(reference.iwv_score(logits, labels, log_w), abs=TOL)  # scale-free
+    # DEV at weights e^shift w: eta does not change, the means scale by e^shift
+    w = np.exp(log_w)
+    weighted = w * -log_softmax(logits, axis=1)[np.arange(len(labels)), labels]
+    eta = -np.cov(weighted, w)[0, 1] / np.var(w, ddof=1)
+    if shift > 0:
+        with pytest.raises(NumericalError, match="larger ridge"):
+            combine_statistics(("dev",), stats, [])
+        return
+    expected = -(np.exp(shift) * (weighted.mean() + eta * w.mean()) - eta)
+    assert combine_statistics(("dev",), stats, [])["score_dev"] == pytest.approx(expected, rel=1e-9, abs=TOL)
+    if shift == 0:
+        assert expected == pytest.approx(reference.dev_score(logits, labels, log_w), abs=TOL)
 
 
 # (d) resolving a request

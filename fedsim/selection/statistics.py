@@ -96,27 +96,40 @@ def source_statistics(
 
 
 def _weighted_loss_sums(loss: np.ndarray, log_weights, with_dev: bool) -> dict[str, float]:
-    """iwv's sum w l, and DEV's sums of W = w, L = w l, W^2 and L W (You et al., ICML 2019, Algorithm 1)."""
+    """iwv's sums of w l and w, and DEV's sums of W = w, L = w l, W^2 and L W (You et al., ICML 2019, Algorithm 1),
+    each on the client's own scale: the weights divided by exp(M), M = the client's largest log w (sent as
+    ``log_weight_max``), so that neither an overflow nor an underflow of exp(log w) loses them (on separable features
+    every w can be below float64's smallest number); the server brings the clients to a common scale."""
     if log_weights is None:
         raise ValueError("iwv and dev need log_weights: log w(x) of each validation row (DensityRatio.log_weights)")
     log_w = np.asarray(log_weights, dtype=np.float64)
     if log_w.shape != loss.shape:
         raise ValueError(f"log_weights must be an [n] array matching the {len(loss)} rows, got shape {log_w.shape}")
-    with np.errstate(over="ignore", invalid="ignore"):  # an overflow is reported below, with its cause
-        weights = np.exp(log_w)
-        weighted = weights * loss
-        sums = {"weighted_loss_sum": math.fsum(weighted), "weight_sum": math.fsum(weights)}
-        if with_dev:
-            sums.update(
-                weight_sq_sum=math.fsum(weights * weights), weighted_loss_weight_sum=math.fsum(weighted * weights)
-            )
-    if not all(math.isfinite(value) for value in sums.values()):
+    if not np.all(np.isfinite(log_w)):
         raise NumericalError(
             "the importance weights w(x) = exp(log w(x)) of iwv/dev",
-            f"log w up to {first_values(np.sort(log_w)[::-1])}",
-            "the sources' and targets' features are nearly separable: fit the density ratio with a larger ridge",
+            f"log w {first_values(log_w[~np.isfinite(log_w)])}",
+            "the density ratio is not finite on these features: fit it with a larger ridge",
         )
+    top = float(log_w.max())
+    weights = np.exp(log_w - top)  # in (0, 1], the largest exactly 1
+    weighted = weights * loss
+    sums = {"log_weight_max": top, "weighted_loss_sum": math.fsum(weighted), "weight_sum": math.fsum(weights)}
+    if with_dev:
+        sums.update(weight_sq_sum=math.fsum(weights * weights), weighted_loss_weight_sum=math.fsum(weighted * weights))
     return sums
+
+
+def _common_scale(sources: Sequence[dict], score: str) -> tuple[float, list[float]]:
+    """The largest ``log_weight_max`` M over the clients, and each client's factor exp(M_i - M) that brings its
+    scaled sums to the common scale exp(-M) (squares: the factor squared)."""
+    tops = _values(sources, "log_weight_max", score)
+    top = max(tops)
+    return top, [math.exp(t - top) for t in tops]
+
+
+def _scaled_total(sources: Sequence[dict], key: str, score: str, factors: list[float], power: int = 1) -> float:
+    return math.fsum(v * f**power for v, f in zip(_values(sources, key, score), factors))
 
 
 def target_statistics(logits: np.ndarray, scores: Sequence[str]) -> dict[str, float]:
@@ -238,19 +251,37 @@ def _mano(sources: Sequence[dict], targets: Sequence[dict]) -> float:
 
 
 def _iwv(sources: Sequence[dict], targets: Sequence[dict]) -> float:
-    return -_total(sources, "weighted_loss_sum", "iwv") / _total(sources, "weight_sum", "iwv")
+    """-sum w l / sum w: the common scale cancels."""
+    _, factors = _common_scale(sources, "iwv")
+    return -_scaled_total(sources, "weighted_loss_sum", "iwv", factors) / _scaled_total(
+        sources, "weight_sum", "iwv", factors
+    )
 
 
 def _dev(sources: Sequence[dict], targets: Sequence[dict]) -> float:
-    """-(mean L + eta mean W - eta), eta = -Cov(L, W) / Var(W) from the pooled sums (the ddof cancels)."""
+    """-(mean L + eta mean W - eta), eta = -Cov(L, W) / Var(W) from the pooled sums (the ddof cancels). The sums are
+    on the common scale exp(-M) (:func:`_common_scale`): eta does not depend on it, the means are multiplied back by
+    exp(M); a product that overflows is a NumericalError naming the ridge."""
     rows = _rows(sources, "n_validation", "dev")
-    weight = _total(sources, "weight_sum", "dev")
-    loss = _total(sources, "weighted_loss_sum", "dev")
-    weight_sq = _total(sources, "weight_sq_sum", "dev")
+    top, factors = _common_scale(sources, "dev")
+    weight = _scaled_total(sources, "weight_sum", "dev", factors)
+    loss = _scaled_total(sources, "weighted_loss_sum", "dev", factors)
+    weight_sq = _scaled_total(sources, "weight_sq_sum", "dev", factors, power=2)
     centred_weight_sq = weight_sq - weight * weight / rows
-    centred_cross = _total(sources, "weighted_loss_weight_sum", "dev") - loss * weight / rows
+    centred_cross = _scaled_total(sources, "weighted_loss_weight_sum", "dev", factors, power=2) - loss * weight / rows
     eta = 0.0 if centred_weight_sq <= DEV_ZERO_VARIANCE * weight_sq else -centred_cross / centred_weight_sq
-    return -(loss / rows + eta * weight / rows - eta)
+    try:
+        scale = math.exp(top)
+    except OverflowError:
+        scale = math.inf
+    risk = (loss / rows + eta * weight / rows) * scale - eta
+    if not math.isfinite(risk):
+        raise NumericalError(
+            "the DEV risk of the importance weights w(x) = exp(log w(x))",
+            f"log w up to {top:.4g}",
+            "the sources' and targets' features are nearly separable: fit the density ratio with a larger ridge",
+        )
+    return -risk
 
 
 _COMBINE: dict[str, Callable[[Sequence[dict], Sequence[dict]], float]] = {
