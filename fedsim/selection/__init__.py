@@ -19,7 +19,8 @@ the scores (every one oriented so that higher is better, as skada's scorers are)
   by the density ratio w = p_target / p_source. One more exchange: every client first sends its feature moments
   (count, sum, scatter: 1 + d + d*d numbers, :func:`moment_statistics`), the server fits the ratio
   (:func:`fit_density_ratio`: d + 1 numbers, :class:`DensityRatio`) and sends it to the sources, which send 3 (iwv)
-  or 5 (dev) numbers: their weighted sums, scaled by their own largest weight, and its log. iwv is self-normalized (sum w l / sum w). Requested only (not "auto").
+  or 5 (dev) numbers: their weighted sums, scaled by their own largest weight, and its log. iwv is self-normalized
+  (sum w l / sum w). Requested only (not "auto").
 
 :func:`resolve_scores` checks a request; :func:`combine_statistics` forms ``{"score_<name>": value}``. The
 centralized definitions on pooled arrays live in :mod:`fedsim.selection.reference`. Modules:
