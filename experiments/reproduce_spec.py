@@ -322,30 +322,7 @@ def shrink(spec: PaperSpec, quick: bool, seeds: Optional[list[int]]) -> PaperSpe
             }
         if "runs" in small:
             spec._known("run", small["runs"], spec.runs, f"spec {spec.name}: quick.runs")
-            raw["runs"] = {k: v for k, v in raw["runs"].items() if k in small["runs"]}
-            raw["rows"] = [r for r in raw["rows"] if r.get("run", r["name"]) in raw["runs"]]
-            raw["series"] = [s for s in raw.get("series", []) if set(s["runs"]) <= set(raw["runs"])]
-            if "select" in raw:  # each group keeps its runs of the quick grid; one left has nothing to choose
-                groups = {}
-                for name, group in raw["select"]["groups"].items():
-                    runs = [r for r in group["runs"] if r in raw["runs"]]
-                    if len(runs) >= 2:
-                        groups[name] = {
-                            "runs": runs,
-                            **({"default": group["default"]} if group.get("default") in runs else {}),
-                        }
-                if groups:
-                    raw["select"] = {**raw["select"], "groups": groups}
-                else:
-                    del raw["select"]
-            kept = {r["name"] for r in raw["rows"]}
-            raw["claims"] = [
-                c
-                for c in raw.get("claims", [])
-                if all(
-                    str(i).partition(":")[0] in kept for g in c["order"] for i in (g if isinstance(g, list) else [g])
-                )
-            ]
+            _keep_runs(raw, small["runs"])
     if seeds is not None:
         raw["seeds"] = list(seeds)
     if seeds is not None or (quick and "seeds" in (spec.raw.get("quick") or {})):
@@ -354,6 +331,32 @@ def shrink(spec: PaperSpec, quick: bool, seeds: Optional[list[int]]) -> PaperSpe
             for name, entry in entries.items():
                 entries[name] = {k: v for k, v in (entry or {}).items() if k != "seeds"}
     return PaperSpec(spec.name, raw, spec.origin)
+
+
+def _keep_runs(raw: dict, runs: list[str]) -> None:
+    """The quick grid's ``quick.runs``: the rows, series, selection groups and claims that read only those runs."""
+    raw["runs"] = {k: v for k, v in raw["runs"].items() if k in runs}
+    raw["rows"] = [r for r in raw["rows"] if r.get("run", r["name"]) in raw["runs"]]
+    raw["series"] = [s for s in raw.get("series", []) if set(s["runs"]) <= set(raw["runs"])]
+    if "select" in raw:  # each group keeps its runs of the quick grid; one left has nothing to choose
+        groups = {}
+        for name, group in raw["select"]["groups"].items():
+            kept_runs = [r for r in group["runs"] if r in raw["runs"]]
+            if len(kept_runs) >= 2:
+                groups[name] = {
+                    "runs": kept_runs,
+                    **({"default": group["default"]} if group.get("default") in kept_runs else {}),
+                }
+        if groups:
+            raw["select"] = {**raw["select"], "groups": groups}
+        else:
+            del raw["select"]
+    kept = {r["name"] for r in raw["rows"]}
+    raw["claims"] = [
+        c
+        for c in raw.get("claims", [])
+        if all(str(i).partition(":")[0] in kept for g in c["order"] for i in (g if isinstance(g, list) else [g]))
+    ]
 
 
 def to_sweep(spec: PaperSpec) -> SweepSpec:
