@@ -1,18 +1,22 @@
 """The plots of `fedsim reproduce`, per benchmark: final target metric of every row per target
 (``accuracy-<benchmark>.png``, bars = mean over seeds, whiskers = sample std), target accuracy per round
-of every run (``accuracy_per_round-<benchmark>.png``, one panel per target) and the spec's per-round
-series (``series-<metric>.png``, e.g. FedDaDiL's atom drift for several local epochs); with the spec's ``select:``,
-after them, the selection report beside table.md (``selection.md``, ``selection.csv``, ``selection.png``:
+of every run (``accuracy_per_round-<benchmark>.png``, one panel per target), on a benchmark where some runs are
+differentially private the final target metric against the epsilon they spent (``accuracy_epsilon-<benchmark>.png``,
+:func:`epsilon_curves`), and the spec's per-round series (``series-<metric>.png``, e.g. FedDaDiL's atom drift for
+several local epochs); with the spec's ``select:``, after them, the selection report beside table.md
+(``selection.md``, ``selection.csv``, ``selection.png``:
 :func:`fedsim.experiments.reproduce_results.write_selection_report`)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Optional
 
 import numpy as np
 
 from fedsim.experiments.reproduce_results import cell, value_under, write_selection_report
-from fedsim.experiments.reproduce_spec import PaperSpec
+from fedsim.experiments.reproduce_spec import PaperSpec, to_sweep
 from fedsim.experiments.selection import FILES as SELECTION_FILES
 
 
@@ -112,10 +116,118 @@ def plot_rounds(
     return _save(fig, axes, path, "round", key)
 
 
+BUDGET_KEYS = ("epsilon", "noise_multiplier")
+"""The ``privacy`` keys that turn differential privacy on (``docs/privacy.md``)."""
+
+
+@dataclass
+class EpsilonCurve:
+    """Rows whose runs are the same but for their ``privacy.*`` settings, read with the same target metric: one
+    line of accuracy against epsilon."""
+
+    name: str  # the reference row's name, else the first private row's
+    private: list[str]  # rows of runs with a privacy budget, in the spec's order
+    reference: Optional[str]  # the row of the same run without privacy (a dashed line), None when the spec has none
+
+
+def _is_private(variant: dict) -> bool:
+    """Whether a trial's settings (its config file's sections, then its overrides) give ``privacy.epsilon`` or
+    ``privacy.noise_multiplier`` (the last override of a key wins; ``null`` unsets it)."""
+    section = (variant.get("base") or {}).get("privacy") or {}
+    given = {key: section.get(key) is not None for key in BUDGET_KEYS}
+    for override in variant["overrides"]:
+        key, _, value = override.partition("=")
+        if key.startswith("privacy.") and key[len("privacy.") :] in BUDGET_KEYS:
+            given[key[len("privacy.") :]] = value.strip().lower() not in ("null", "none", "~", "")
+    return any(given.values())
+
+
+def epsilon_curves(spec: PaperSpec, bench: str) -> list[EpsilonCurve]:
+    """The rows of ``bench`` grouped into curves of accuracy against epsilon: rows whose runs have, on each target
+    of the benchmark, the same config file and the same overrides once every ``privacy.*`` one is left out, and the
+    same ``target`` metric. A group with at least one private run is a curve; its row without privacy, if any, is
+    the reference."""
+    sweep = to_sweep(spec)
+    variants: dict[str, list[dict]] = {}
+    for name, run, where, _ in spec.variants():
+        if where == bench:
+            variants.setdefault(run, []).append(sweep.variants[name])
+    groups: dict[tuple, list[tuple[str, bool]]] = {}
+    for row in spec.rows:
+        trials = variants.get(row.run)
+        if not trials:
+            continue
+        without_privacy = tuple(
+            (v["config_file"], tuple(o for o in v["overrides"] if not o.startswith("privacy."))) for v in trials
+        )
+        key = (row.metrics.get("target"), without_privacy)
+        groups.setdefault(key, []).append((row.name, all(_is_private(v) for v in trials)))
+    curves = []
+    for members in groups.values():
+        private = [name for name, is_private in members if is_private]
+        reference = next((name for name, is_private in members if not is_private), None)
+        if private:
+            curves.append(EpsilonCurve(reference or private[0], private, reference))
+    return curves
+
+
+def epsilon_points(
+    curve: EpsilonCurve, records: list[dict], lines: list[dict], bench: str, target: str
+) -> list[tuple[float, float, float]]:
+    """(epsilon, mean, sample std) of each private row of ``curve`` on one target, by epsilon: the mean over its
+    finished seeds of the ``privacy_epsilon`` their summaries report (what the run spent) and of the row's target
+    metric (std 0 with one seed); a row with no finished seed is left out."""
+    spent = {
+        r["trial_id"]: (r.get("summary") or {}).get("privacy_epsilon") for r in records if r.get("status") == "finished"
+    }
+    points = []
+    for row in curve.private:
+        pairs = [
+            (spent[ln["trial_id"]], ln["target"])
+            for ln in lines
+            if (ln["row"], ln["benchmark"], ln["target_domain"]) == (row, bench, target)
+            and spent.get(ln["trial_id"]) is not None
+            and ln.get("target") is not None
+        ]
+        if pairs:
+            epsilons, values = zip(*pairs)
+            spread = float(np.std(values, ddof=1)) if len(values) > 1 else 0.0
+            points.append((float(np.mean(epsilons)), float(np.mean(values)), spread))
+    return sorted(points)
+
+
+def plot_epsilon(
+    spec: PaperSpec, records: list[dict], lines: list[dict], bench: str, curves: list[EpsilonCurve], path: Path
+) -> Path:
+    """One panel per target: per curve, the final target metric (mean over seeds, whiskers = sample std) against
+    the epsilon spent (log scale), and its run without privacy as a dashed line of the same colour."""
+    targets = spec.benchmarks[bench]["targets"]
+    fig, axes = _panels(len(targets))
+    for ax, target in zip(axes, targets):
+        budgets = set()
+        for i, curve in enumerate(curves):
+            color = f"C{i % 10}"  # a curve keeps its colour in every panel
+            points = epsilon_points(curve, records, lines, bench, target)
+            if points:
+                x, y, spread = zip(*points)
+                ax.errorbar(x, y, yerr=spread, color=color, marker="o", ms=4, capsize=2, label=curve.name)
+                budgets.update(round(value, 3) for value in x)
+            mean = cell(lines, curve.reference, bench, target, "target")[0] if curve.reference else None
+            if mean is not None:
+                ax.axhline(mean, linestyle="--", linewidth=1, color=color, label=f"{curve.reference} (no privacy)")
+        ax.set_xscale("log")
+        if budgets:  # a tick at each epsilon spent
+            ax.set_xticks(sorted(budgets), [f"{value:g}" for value in sorted(budgets)])
+            ax.minorticks_off()
+        ax.set_title(f"{bench} -> {target}: final target metric against epsilon")
+    return _save(fig, axes, path, "epsilon spent (privacy_epsilon)", "final target metric")
+
+
 def plot_names(spec: PaperSpec) -> list[str]:
-    """The files :func:`write_plots` writes for ``spec``: two plots per benchmark, one per series, then the
-    selection report of a spec with ``select:``."""
+    """The files :func:`write_plots` writes for ``spec``: two plots per benchmark (three where some of its runs are
+    private), one per series, then the selection report of a spec with ``select:``."""
     names = [name for bench in spec.benchmarks for name in (f"accuracy-{bench}.png", f"accuracy_per_round-{bench}.png")]
+    names += [f"accuracy_epsilon-{bench}.png" for bench in spec.benchmarks if epsilon_curves(spec, bench)]
     names += [f"series-{series['metric']}.png" for series in spec.series]
     return names + (list(SELECTION_FILES) if spec.select else [])
 
@@ -135,6 +247,10 @@ def write_plots(spec: PaperSpec, records: list[dict], lines: list[dict], out: Pa
                 out / f"accuracy_per_round-{bench}.png",
             )
         )
+    for bench in spec.benchmarks:
+        curves = epsilon_curves(spec, bench)
+        if curves:
+            written.append(plot_epsilon(spec, records, lines, bench, curves, out / f"accuracy_epsilon-{bench}.png"))
     for series in spec.series:
         bench = series.get("benchmark") or next(iter(spec.benchmarks))
         targets = [series["target"]] if series.get("target") else spec.benchmarks[bench]["targets"]
