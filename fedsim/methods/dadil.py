@@ -32,8 +32,7 @@ from fedsim.messages import Instruction, Reply
 from fedsim.methods.base import ServerState, client_operation
 from fedsim.methods.common import dictionary as dil
 from fedsim.methods.common import dictionary_sampling as sampling
-from fedsim.methods.common.dictionary_predictors import EVAL_EVERY, evaluate_and_apply, with_client_seconds
-from fedsim.methods.common.selection_hooks import FixedOutputs, selection_inputs, selection_reply
+from fedsim.methods.common.dictionary_predictors import EVAL_EVERY, with_client_seconds
 from fedsim.methods.families.dictionary import DictionaryMethod
 from fedsim.registry import METHODS
 
@@ -144,22 +143,9 @@ class DaDiL(DictionaryMethod):
 
     @client_operation
     def evaluate(self, instruction: Instruction, state: Any, data: ClientData) -> tuple[Reply, Any]:
-        """DaDiL-R and DaDiL-E with the alpha the server learned for this client's domain, and their selection
-        statistics on the client's encoded, standardized selection inputs (features, for iwv/dev: their logits)."""
-        if "atoms_x" not in instruction.tensors:
-            return self.encoder.evaluate(instruction, state, data)
-        self.encoder.prepare(state, data, instruction.tensors)
-        alpha, seed = torch.tensor(instruction.values["alpha"], dtype=torch.float32), instruction.seed
-        x = selection_inputs(self.selection_scores, data)
-        metrics, outputs = evaluate_and_apply(
-            instruction.tensors,
-            alpha,
-            state["test_features"],
-            data.test.y,
-            self.params,
-            seed,
-            None if x is None else self.encoder.standardized(state, x),
+        """DaDiL-R and DaDiL-E with the alpha the server learned for this client's domain
+        (:meth:`DictionaryMethod.evaluate_dictionary`)."""
+        alpha = instruction.values.get("alpha")
+        return self.evaluate_dictionary(
+            instruction, state, data, None if alpha is None else torch.tensor(alpha, dtype=torch.float32)
         )
-        reply = Reply(data.client_id, {}, metrics, num_examples=len(data.test))
-        predictors = {name: FixedOutputs(logits) for name, logits in outputs.items()}
-        return selection_reply(self.selection_scores, instruction, data, reply, predictors), state

@@ -31,7 +31,14 @@ from fedsim.methods.base import Method, ServerState, client_operation
 from fedsim.methods.common.aggregation import federated_average
 from fedsim.methods.common.classifier import GlobalClassifier
 from fedsim.methods.common.dictionary import atom_tensors, check_batch_size, num_atoms
-from fedsim.methods.common.selection_hooks import ClassifierPredictor, model_tensors, selection_reply
+from fedsim.methods.common.dictionary_predictors import evaluate_and_apply
+from fedsim.methods.common.selection_hooks import (
+    ClassifierPredictor,
+    FixedOutputs,
+    model_tensors,
+    selection_inputs,
+    selection_reply,
+)
 from fedsim.methods.common.stage_cache import StageCache, StoredRound
 from fedsim.methods.common.training import encode_in_chunks, load_numpy, model_to_numpy
 
@@ -255,3 +262,26 @@ class DictionaryMethod(Method):
     def feature_stats(self, instruction: Instruction, state: Any, data: ClientData) -> tuple[Reply, Any]:
         """Encoder stage: the sums that standardize the encoded features."""
         return self.encoder.feature_stats(instruction, state, data)
+
+    def evaluate_dictionary(
+        self, instruction: Instruction, state: Any, data: ClientData, alpha: torch.Tensor
+    ) -> tuple[Reply, Any]:
+        """DaDiL-R and DaDiL-E with the barycentric coordinates ``alpha`` (each method says whose), and their
+        selection statistics on the client's encoded, standardized selection inputs (features, for iwv/dev: their
+        logits); FedAvg's evaluation while the encoder stage runs."""
+        if "atoms_x" not in instruction.tensors:
+            return self.encoder.evaluate(instruction, state, data)
+        self.encoder.prepare(state, data, instruction.tensors)
+        x = selection_inputs(self.selection_scores, data)
+        metrics, outputs = evaluate_and_apply(
+            instruction.tensors,
+            alpha,
+            state["test_features"],
+            data.test.y,
+            self.params,
+            instruction.seed,
+            None if x is None else self.encoder.standardized(state, x),
+        )
+        reply = Reply(data.client_id, {}, metrics, num_examples=len(data.test))
+        predictors = {name: FixedOutputs(logits) for name, logits in outputs.items()}
+        return selection_reply(self.selection_scores, instruction, data, reply, predictors), state

@@ -41,8 +41,7 @@ from fedsim.messages import Instruction, Reply
 from fedsim.methods.base import ServerState, client_operation
 from fedsim.methods.common import dictionary as dil
 from fedsim.methods.common import dictionary_sampling as sampling
-from fedsim.methods.common.dictionary_predictors import EVAL_EVERY, evaluate_and_apply, with_client_seconds
-from fedsim.methods.common.selection_hooks import FixedOutputs, selection_inputs, selection_reply
+from fedsim.methods.common.dictionary_predictors import EVAL_EVERY, with_client_seconds
 from fedsim.methods.families.dictionary import DictionaryMethod
 from fedsim.methods.feddadil.aggregation import aggregate_versions
 from fedsim.registry import METHODS
@@ -175,21 +174,5 @@ class FedDaDiL(DictionaryMethod):
 
     @client_operation
     def evaluate(self, instruction: Instruction, state: Any, data: ClientData) -> tuple[Reply, Any]:
-        """DaDiL-R and DaDiL-E with the client's own alpha (FedAvg's evaluation during the encoder stage), and
-        their selection statistics on the client's encoded, standardized selection inputs."""
-        if "atoms_x" not in instruction.tensors:
-            return self.encoder.evaluate(instruction, state, data)
-        self.encoder.prepare(state, data, instruction.tensors)
-        alpha, seed, x = state["alpha"], instruction.seed, selection_inputs(self.selection_scores, data)
-        metrics, outputs = evaluate_and_apply(
-            instruction.tensors,
-            alpha,
-            state["test_features"],
-            data.test.y,
-            self.params,
-            seed,
-            None if x is None else self.encoder.standardized(state, x),
-        )
-        reply = Reply(data.client_id, {}, metrics, num_examples=len(data.test))
-        predictors = {name: FixedOutputs(logits) for name, logits in outputs.items()}
-        return selection_reply(self.selection_scores, instruction, data, reply, predictors), state
+        """DaDiL-R and DaDiL-E with the client's own alpha (:meth:`DictionaryMethod.evaluate_dictionary`)."""
+        return self.evaluate_dictionary(instruction, state, data, state.get("alpha"))
