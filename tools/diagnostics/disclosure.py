@@ -540,15 +540,10 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    """Parse, measure, print; a :class:`fedsim.errors.UserError` is one line on stderr and exit code 2."""
-    parser = argparse.ArgumentParser(prog=f"python -m tools.diagnostics.{NAME}", description=__doc__.split("\n\n")[0])
-    add_arguments(parser)
-    args = parser.parse_args(argv)
-    try:
-        return run(args)
-    except UserError as exc:
-        print(f"fedsim: error: {exc}", file=sys.stderr)
-        return 2
+    """``python -m tools.diagnose disclosure ...`` under its own module name (:func:`tools.diagnose.main`)."""
+    from tools.diagnose import main as diagnose
+
+    return diagnose([NAME, *(sys.argv[1:] if argv is None else argv)])
 
 
 if __name__ == "__main__":
