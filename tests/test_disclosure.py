@@ -1,4 +1,4 @@
-"""``python -m tools.diagnostics.disclosure``: the nearest-neighbour membership test on rows built by hand (copies of
+"""``python -m tools.diagnose disclosure``: the nearest-neighbour membership test on rows built by hand (copies of
 training rows, fresh rows, unequal reference sets), and on what tiny FedDANN and FedDaDiL runs send, with privacy
 off and on."""
 

@@ -1,4 +1,4 @@
-"""``python -m tools.diagnostics.disclosure --method feddadil --set ...``: what the rows a client sends in the data's
+"""``python -m tools.diagnose disclosure --method feddadil --set ...``: what the rows a client sends in the data's
 space disclose of its training set, measured by a nearest-neighbour membership test.
 
 The run (``--config``, the ``config.yaml`` of ``--run-dir``, ``--set`` overrides) runs again in this process on the
