@@ -12,7 +12,8 @@ spreads the grid over a cluster and ``--resume`` finishes an interrupted one. Th
 ``results.csv`` (one line per table row x target x seed), ``table.md``, ``claims.md``, the plots
 (:mod:`fedsim.experiments.reproduce_plots`), Tune's experiment (``tune/``), the trials' run directories
 (``runs/``), ``reproduce.json`` and ``sweep.json`` (the grid, for ``--resume``). ``--tables-only`` runs nothing:
-it rewrites ``table.md`` and ``claims.md`` of a finished directory from its ``results.csv`` and the spec that made it.
+it rewrites ``table.md`` and ``claims.md`` (and a ``select:`` spec's ``selection.*``, from the scores results.csv
+carries) of a finished directory from its ``results.csv`` and the spec that made it.
 """
 
 from __future__ import annotations
@@ -24,7 +25,14 @@ from typing import Optional
 
 from fedsim.errors import UserError
 from fedsim.experiments.reproduce_data import parse_data_roots, resolve_data_roots
-from fedsim.experiments.reproduce_results import claims_text, read_results_csv, results_rows, table, write_results_csv
+from fedsim.experiments.reproduce_results import (
+    claims_text,
+    read_results_csv,
+    results_rows,
+    table,
+    write_results_csv,
+    write_selection_of_lines,
+)
 from fedsim.experiments.reproduce_spec import PaperSpec, available, from_json, load_spec, shrink, to_json, to_sweep
 from fedsim.experiments.sweep import SPEC_FILE, TUNE_NAME, report_failures, run_grid
 from fedsim.experiments.sweep_grid import SweepSpec, parse_list, prepare
@@ -60,7 +68,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--tables-only",
         action="store_true",
-        help="run nothing: rewrite table.md and claims.md in --out from its results.csv, with the spec that made it "
+        help="run nothing: rewrite table.md and claims.md (and selection.md, .csv, .png of a select: spec) in --out "
+        "from its results.csv, with the spec that made it "
         "(PAPER or --spec, with its --quick / --seeds; without them the directory's reproduce.json)",
     )
     parser.add_argument(
@@ -145,7 +154,8 @@ def write_tables(spec: PaperSpec, lines: list[dict], out: Path) -> list[Path]:
 
 
 def tables_only(args: argparse.Namespace) -> int:
-    """``--tables-only``: table.md and claims.md of the finished reproduction in ``--out``, from its results.csv."""
+    """``--tables-only``: table.md, claims.md and the selection report of the finished reproduction in ``--out``,
+    from its results.csv."""
     given = _given(args, "--resume", "--backend", "--address", "--data-dir", "--data-root")
     if given:
         raise UserError(f"--tables-only runs nothing: drop {', '.join(given)}")
@@ -160,7 +170,8 @@ def tables_only(args: argparse.Namespace) -> int:
         spec = from_json((out / STATE_FILE).read_text())
     else:
         raise UserError(f"--out {args.out} holds no {STATE_FILE}: give the spec that made it (PAPER or --spec FILE)")
-    written = write_tables(spec, read_results_csv(out / "results.csv", spec), out)
+    lines = read_results_csv(out / "results.csv", spec)
+    written = write_tables(spec, lines, out) + write_selection_of_lines(spec, lines, out)
     if not args.quiet:
         _print_tables(out, f"tables of {spec.name} rewritten from {out / 'results.csv'}", written)
     return 0

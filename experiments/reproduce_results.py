@@ -23,7 +23,7 @@ from fedsim.errors import UserError
 from fedsim.experiments.grouping import format_mean_std, mean_std
 from fedsim.experiments.reproduce_format import DEFAULT_METRICS
 from fedsim.experiments.reproduce_spec import Claim, PaperSpec
-from fedsim.experiments.selection import SelectionRow, check_scores, mean_over, select, write_selection
+from fedsim.experiments.selection import SCORE_PREFIX, SelectionRow, check_scores, mean_over, select, write_selection
 
 REDUCERS = {
     "mean": lambda v: v,
@@ -61,9 +61,17 @@ def trial_of(trials: dict, record: dict) -> tuple[Optional[str], Optional[str], 
     return run, bench, target, own_seed if seed is None else seed
 
 
+def score_columns(spec: PaperSpec) -> list[str]:
+    """The label-free scores results.csv carries for a spec with ``select:`` (``score_entropy``, ...), one column
+    each: the numbers :func:`selection_rows` chooses by, so that ``--tables-only`` rewrites the selection too."""
+    return [SCORE_PREFIX + name for name in spec.select.scores] if spec.select else []
+
+
 def results_rows(spec: PaperSpec, records: list[dict]) -> list[dict]:
-    """One line per table row x variant x seed, with every metric of the row (``target``, ``source``, ...)."""
+    """One line per table row x variant x seed, with every metric of the row (``target``, ``source``, ...) and,
+    for a spec with ``select:``, the run's scores (:func:`score_columns`)."""
     where = spec.trials()
+    scores = score_columns(spec)
     lines = []
     for row in spec.rows:
         for record in records:
@@ -82,6 +90,7 @@ def results_rows(spec: PaperSpec, records: list[dict]) -> list[dict]:
                 "wall_seconds": record.get("wall_seconds"),
             }
             line.update({name: metric_value(record, ref) for name, ref in row.metrics.items()})
+            line.update({name: metric_value(record, name) for name in scores})
             if record.get("error"):
                 line["error"] = record["error"]
             lines.append(line)
@@ -124,7 +133,7 @@ def read_results_csv(path: Path, spec: PaperSpec) -> list[dict]:
         absent = [c for c in FIXED_COLUMNS if c not in header]
         if absent:
             raise UserError(f"{path} has no column {', '.join(absent)}: it is not a 'fedsim reproduce' results.csv")
-        known = {*FIXED_COLUMNS, "error", *(m for row in spec.rows for m in row.metrics)}
+        known = {*FIXED_COLUMNS, "error", *(m for row in spec.rows for m in row.metrics), *score_columns(spec)}
         stray = [c for c in header if c not in known]
         if stray:
             raise UserError(
@@ -151,6 +160,7 @@ def read_results_csv(path: Path, spec: PaperSpec) -> list[dict]:
             line.update(status=text["status"], trial_id=text["trial_id"])
             line["wall_seconds"] = _number(text["wall_seconds"], where)
             line.update({name: _number(text.get(name) or "", where) for name in row.metrics})
+            line.update({name: _number(text.get(name) or "", where) for name in score_columns(spec)})
             if text.get("error"):
                 line["error"] = text["error"]
             lines.append(line)
@@ -408,13 +418,40 @@ def selection_records(spec: PaperSpec, records: list[dict]) -> list[dict]:
     return out
 
 
+def selection_records_of_lines(spec: PaperSpec, lines: list[dict]) -> list[dict]:
+    """:func:`selection_records` from results.csv's lines (:func:`read_results_csv`): one per trial, its target and
+    sources' accuracy from a row that reads the run's default metrics (the ones :func:`selection_records` takes),
+    its scores from the :func:`score_columns`."""
+    rows = {row.name: row for row in spec.rows}
+    plain = {name for name, row in rows.items() if all(row.metrics.get(k) == v for k, v in DEFAULT_METRICS.items())}
+    out: dict[str, dict] = {}
+    for line in lines:
+        if line["row"] not in plain or line["trial_id"] in out:
+            continue
+        out[line["trial_id"]] = {
+            "trial_id": line["trial_id"],
+            "status": line["status"],
+            "params": {"run": line["run"], "seed": line["seed"]},
+            "benchmark": line["benchmark"],
+            "target": line["target_domain"],
+            "target_accuracy": line.get("target"),
+            "mean_source_accuracy": line.get("source"),
+            "summary": {name: line[name] for name in score_columns(spec) if line.get(name) is not None},
+        }
+    return list(out.values())
+
+
 def selection_rows(spec: PaperSpec, records: list[dict]) -> list[SelectionRow]:
     """The spec's ``select:`` on the trial records: per group, benchmark and target the default, each score's pick
     among the group's runs and the oracle; then, per group and benchmark with several targets, their mean over the
     targets. No ``select:``: no rows."""
+    return choose_runs(spec, selection_records(spec, records))
+
+
+def choose_runs(spec: PaperSpec, trials: list[dict]) -> list[SelectionRow]:
+    """:func:`selection_rows` on trials already in :func:`selection_records`' shape."""
     if spec.select is None:
         return []
-    trials = selection_records(spec, records)
     if any(t["status"] == "finished" for t in trials):
         check_scores(trials, spec.select.scores)  # one line before any group is chosen
     rows = []
@@ -436,7 +473,16 @@ def selection_rows(spec: PaperSpec, records: list[dict]) -> list[SelectionRow]:
 
 def write_selection_report(spec: PaperSpec, records: list[dict], out: Path) -> list[Path]:
     """``selection.md``, ``selection.csv`` and ``selection.png`` of the spec's ``select:`` (nothing without one)."""
+    return _write_selection(spec, selection_records(spec, records), out)
+
+
+def write_selection_of_lines(spec: PaperSpec, lines: list[dict], out: Path) -> list[Path]:
+    """:func:`write_selection_report` from results.csv's lines (``--tables-only``): the same files."""
+    return _write_selection(spec, selection_records_of_lines(spec, lines), out)
+
+
+def _write_selection(spec: PaperSpec, trials: list[dict], out: Path) -> list[Path]:
     if spec.select is None:
         return []
-    rows = selection_rows(spec, records)
+    rows = choose_runs(spec, trials)
     return write_selection(out, rows, spec.select.scores, f"{spec.paper}: selection without target labels")

@@ -166,6 +166,7 @@ class PaperSpec:
             group = check_keys("select group", group, at)
             runs = strings(group["runs"], f"{at}.runs")
             self._known("run", runs, self.runs, at)
+            self._rowed(runs, at)
             if len(runs) < 2 or len(set(runs)) != len(runs):
                 raise UserError(f"{at}.runs must list two or more runs, each once, to choose among: got {runs!r}")
             default = group.get("default")
@@ -183,6 +184,17 @@ class PaperSpec:
                     )
             groups[str(name)] = SelectGroup(str(name), runs, default)
         return Selection(scores, groups)
+
+    def _rowed(self, runs: list[str], at: str) -> None:
+        """Each run a selection chooses among needs a row reading the default target and source metrics: its line
+        of results.csv carries the accuracies and scores the selection is rewritten from (``--tables-only``)."""
+        plain = {row.run for row in self.rows if all(row.metrics.get(k) == v for k, v in DEFAULT_METRICS.items())}
+        missing = [run for run in runs if run not in plain]
+        if missing:
+            raise UserError(
+                f"{at}: run {missing[0]!r} has no row reading the default target and source metrics: "
+                f"add one to rows: (- {{name: {missing[0]}}}), whose results.csv lines carry its scores"
+            )
 
     # ---- the grid -----------------------------------------------------------
     def variants(self) -> list[tuple[str, str, str, str]]:

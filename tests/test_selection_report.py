@@ -12,7 +12,14 @@ from matplotlib.image import imread
 
 from fedsim.errors import UserError
 from fedsim.experiments.reproduce_plots import plot_names
-from fedsim.experiments.reproduce_results import selection_rows, write_selection_report
+from fedsim.experiments.reproduce_results import (
+    read_results_csv,
+    results_rows,
+    selection_rows,
+    write_results_csv,
+    write_selection_of_lines,
+    write_selection_report,
+)
 from fedsim.experiments.reproduce_spec import PaperSpec, shrink
 from fedsim.experiments.selection import markdown, mean_over, select, write_selection
 from fedsim.experiments.sweep_results import write_results
@@ -229,7 +236,7 @@ SPEC = {
     "seeds": [0, 1],
     "benchmarks": {"npz": {"targets": ["dom1", "dom2"]}},
     "runs": {"lr-small": {}, "lr-mid": {}, "lr-big": {}, "other": {}},
-    "rows": [{"name": "lr-mid"}],
+    "rows": [{"name": "lr-small"}, {"name": "lr-mid"}, {"name": "lr-big"}],
     "select": {
         "scores": ["source_accuracy", "entropy"],
         "groups": {"fedavg": {"runs": ["lr-small", "lr-mid", "lr-big"], "default": "lr-mid"}},
@@ -291,6 +298,18 @@ def test_a_spec_select_error_is_one_line(changes, message):
     assert "\n" not in str(caught.value)
 
 
+def test_a_spec_select_run_without_a_row_is_one_line():
+    """A run the selection chooses among needs a row reading the default metrics: results.csv carries its scores."""
+    raw = copy.deepcopy(SPEC)
+    raw["rows"] = [{"name": "lr-small"}, {"name": "lr-mid"}, {"name": "lr-big", "metrics": {"target": "other"}}]
+    with pytest.raises(
+        UserError,
+        match=r"groups\.fedavg: run 'lr-big' has no row reading the default target and "
+        r"source metrics: add one to rows: \(- \{name: lr-big\}\)",
+    ):
+        PaperSpec("toy", raw, Path("."))
+
+
 def test_a_spec_select_group_needs_the_same_seeds():
     raw = copy.deepcopy(SPEC)
     raw["runs"]["lr-big"] = {"seeds": [0, 1, 2]}
@@ -319,10 +338,9 @@ def _reproduce_record(spec, run, target, seed, accuracy, source, entropy, status
     }
 
 
-def test_a_spec_select_writes_its_report_with_the_values(tmp_path):
+def _toy_records(spec):
     """On dom1 source accuracy picks lr-big (the oracle), entropy lr-small; on dom2 both pick lr-mid, the oracle
-    lr-small; lr-big on dom2 lost seed 1. The report gives each choice with its values and the mean over targets."""
-    spec = _spec()
+    lr-small; lr-big on dom2 lost seed 1."""
     # (run, target) -> (accuracy per seed, source score, entropy score)
     table = {
         ("lr-small", "dom1"): ((0.50, 0.60), 0.80, -0.10),
@@ -338,6 +356,13 @@ def test_a_spec_select_writes_its_report_with_the_values(tmp_path):
         for seed in (0, 1)
     ] + [_reproduce_record(spec, "other", "dom1", 0, 1.0, 1.0, 1.0)]  # in no group
     records[-2] = _reproduce_record(spec, "lr-big", "dom2", 1, None, None, None, status="error")
+    return records
+
+
+def test_a_spec_select_writes_its_report_with_the_values(tmp_path):
+    """The choices of :func:`_toy_records`; the report gives each with its values and the mean over targets."""
+    spec = _spec()
+    records = _toy_records(spec)
     rows = selection_rows(spec, records)
     assert [r.group for r in rows] == [
         (("group", "fedavg"), ("benchmark", "npz"), ("target", "dom1")),
@@ -383,6 +408,30 @@ def test_a_spec_select_writes_its_report_with_the_values(tmp_path):
         )
         == []
     )
+
+
+def test_results_csv_carries_the_scores_and_tables_only_rewrites_the_same_selection(tmp_path):
+    """A select: spec's results.csv has a column per score with the runs' values; the selection report made from
+    it, read back (``--tables-only``), is the one made from the trial records, file for file."""
+    spec = _spec()
+    records = _toy_records(spec)
+    lines = results_rows(spec, records)
+    write_results_csv(tmp_path / "results.csv", lines)
+    header = next(csv.reader((tmp_path / "results.csv").open()))
+    assert header[-2:] == ["score_source_accuracy", "score_entropy"]
+    by_trial = {ln["trial_id"]: ln for ln in csv.DictReader((tmp_path / "results.csv").open())}
+    assert float(by_trial["lr-big-dom1-0"]["score_entropy"]) == -0.5
+    assert float(by_trial["lr-mid-dom2-1"]["score_source_accuracy"]) == 0.75
+    assert by_trial["lr-big-dom2-1"]["score_entropy"] == ""  # the failed trial reports no score
+    read = read_results_csv(tmp_path / "results.csv", spec)
+    assert read == lines
+    (tmp_path / "records").mkdir(), (tmp_path / "lines").mkdir()
+    write_selection_report(spec, records, tmp_path / "records")
+    write_selection_of_lines(spec, read, tmp_path / "lines")
+    for name in ("selection.md", "selection.csv"):
+        assert (tmp_path / "lines" / name).read_text() == (tmp_path / "records" / name).read_text()
+    plain = PaperSpec("toy", {k: v for k, v in SPEC.items() if k != "select"}, Path("."))
+    assert "score_entropy" not in results_rows(plain, records)[0]
 
 
 def test_a_spec_select_names_a_score_no_run_reports():
