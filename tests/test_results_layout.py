@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from fedsim.experiments.reproduce import output_names
-from fedsim.experiments.reproduce_results import claims_text, read_results_csv, table
+from fedsim.experiments.reproduce_results import claims_text, read_results_csv, table, write_selection_of_lines
 from fedsim.experiments.reproduce_spec import load_spec, shrink
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -68,3 +68,16 @@ def test_tables_and_claims_are_what_their_results_csv_gives(directory):
         assert title == f"# {spec.paper}" != committed_title
     assert rendered == committed
     assert claims_text(spec, lines) == (directory / "claims.md").read_text()
+
+
+SELECTING = [d for d in DIRECTORIES if load_spec(None, str(spec_of(d))).select is not None]
+
+
+@pytest.mark.parametrize("directory", SELECTING, ids=lambda d: str(d.relative_to(RESULTS)))
+def test_a_selection_is_what_its_results_csv_gives(directory, tmp_path):
+    """A ``select:`` spec's selection.md and selection.csv are what ``--tables-only`` writes from results.csv's
+    score columns."""
+    spec = load_spec(None, str(spec_of(directory)))
+    write_selection_of_lines(spec, read_results_csv(directory / "results.csv", spec), tmp_path)
+    for name in ("selection.md", "selection.csv"):
+        assert (tmp_path / name).read_text() == (directory / name).read_text(), name
