@@ -298,6 +298,22 @@ def test_mano_of_confident_one_hot_predictions_is_k_to_the_minus_one_quarter():
     assert combined["score_mano"] == pytest.approx(K**-0.25, abs=1e-15)
 
 
+def test_mano_on_two_classes_is_constant_under_the_taylor_normalization(caplog):
+    """Two classes and the criterion under its threshold (logits near each other): the Taylor normalization
+    subtracts each row's minimum, so every row becomes (0, 1) and MaNo is 2 ** -0.25 whatever the model predicts;
+    the run's log says so."""
+    rng = np.random.default_rng(3)
+    for logits in (
+        rng.normal(size=(40, 2)),
+        0.1 * rng.normal(size=(40, 2)),
+        np.c_[np.zeros(40), rng.uniform(1, 2, 40)],
+    ):
+        with caplog.at_level("WARNING", logger="fedsim.selection.statistics"):
+            combined = combine_statistics(("mano",), [], [target_statistics(logits, ("mano",))])
+        assert combined["score_mano"] == pytest.approx(2**-0.25, abs=1e-12)
+    assert "mano on 2 classes" in caplog.text and "carries no information" in caplog.text
+
+
 def test_dev_and_iwv_with_unit_weights_are_minus_the_mean_loss(pooled):
     logits, labels = pooled.source_logits, pooled.source_labels
     stats = source_statistics(logits, labels, ("source_loss", "iwv", "dev"), np.zeros(len(labels)))

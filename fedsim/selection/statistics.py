@@ -246,6 +246,11 @@ def _mano(sources: Sequence[dict], targets: Sequence[dict]) -> float:
     criterion = _total(targets, "mano_neg_log_softmax_sum", "mano") / entries
     normalization = "softmax" if criterion > MANO_THRESHOLD else "taylor"
     logger.debug("MaNo: criterion Phi = %.4g against %g: %s normalization", criterion, MANO_THRESHOLD, normalization)
+    if entries == 2 * rows and normalization == "taylor":
+        logger.warning(
+            "mano on 2 classes with the Taylor normalization carries no information: each row minus its minimum is "
+            "(0, 1) after normalizing, so the score is 2 ** -0.25 for every model; compare by another score"
+        )
     power_sum = _total(targets, f"mano_{normalization}_power_sum", "mano")
     return (power_sum / entries) ** (1.0 / MANO_NORM_ORDER)
 
