@@ -237,6 +237,10 @@ def _snd(sources: Sequence[dict], targets: Sequence[dict]) -> float:
     return math.fsum(n * value for n, value in zip(rows, values)) / _rows(targets, "n_target", "snd")
 
 
+#: set once the constant-MaNo warning has been logged in this process
+_warned_constant_mano: list[bool] = []
+
+
 def _mano(sources: Sequence[dict], targets: Sequence[dict]) -> float:
     rows = _rows(targets, "n_target", "mano")
     classes = set(_values(targets, "n_classes", "mano"))
@@ -246,7 +250,8 @@ def _mano(sources: Sequence[dict], targets: Sequence[dict]) -> float:
     criterion = _total(targets, "mano_neg_log_softmax_sum", "mano") / entries
     normalization = "softmax" if criterion > MANO_THRESHOLD else "taylor"
     logger.debug("MaNo: criterion Phi = %.4g against %g: %s normalization", criterion, MANO_THRESHOLD, normalization)
-    if entries == 2 * rows and normalization == "taylor":
+    if entries == 2 * rows and normalization == "taylor" and not _warned_constant_mano:
+        _warned_constant_mano.append(True)  # once per process: the score is evaluated every round
         logger.warning(
             "mano on 2 classes with the Taylor normalization carries no information: each row minus its minimum is "
             "(0, 1) after normalizing, so the score is 2 ** -0.25 for every model; compare by another score"
