@@ -277,7 +277,8 @@ class ClientsConfig:
 
     availability: float = 1.0
     """The probability that a source client is available in a round, drawn per round and client from the seed;
-    a sampled client that is unavailable gets nothing and sends nothing."""
+    a sampled client that is unavailable gets nothing and sends nothing. ``clients.dropout`` p, the probability
+    that a source sits out a round, may be given instead: it sets this to 1 - p."""
     availability_trace: Optional[str] = None
     """A CSV (``round,client`` rows) or JSON (``{"round": [client ids]}``) file of the clients available in each
     round it lists; rounds it does not list have every client available. Applies together with ``availability``."""
@@ -517,6 +518,23 @@ def _resolve_target(data_raw: dict) -> None:
     data_raw["target"] = default_target
 
 
+def _resolve_dropout(clients_raw: dict) -> None:
+    """``clients.dropout`` p, the probability that a source sits out a round, is ``clients.availability`` 1 - p."""
+    if "dropout" not in clients_raw:
+        return
+    dropout = clients_raw.pop("dropout")
+    if "availability" in clients_raw:
+        raise UserError(
+            "clients.dropout and clients.availability say the same thing (availability = 1 - dropout): give one"
+        )
+    if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0 <= dropout < 1:
+        raise UserError(
+            f"clients.dropout must be a number in [0, 1), got {dropout!r}: the probability that a source "
+            "client sits out a round"
+        )
+    clients_raw["availability"] = 1.0 - dropout
+
+
 def _build_data(data_raw: dict) -> DataConfig:
     """The shared data keys into DataConfig, the rest into the benchmark's own ``Options``."""
     from fedsim.registry import BENCHMARKS
@@ -575,6 +593,7 @@ def build_config(raw: dict) -> ExperimentConfig:
     _apply_method_defaults(method_cls, sections)
     data_raw = sections.setdefault("data", {})
     _resolve_target(data_raw)
+    _resolve_dropout(sections.get("clients", {}))
     built = {
         name: build_checked(cls, sections.get(name, {}), name, moved=MOVED_KEYS)
         for name, cls in typing.get_type_hints(ExperimentConfig).items()

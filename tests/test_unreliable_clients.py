@@ -8,7 +8,7 @@ import pytest
 from conftest import assert_same_results
 
 from fedsim.api import run_experiment
-from fedsim.config import load_config
+from fedsim.config import build_config, load_config
 from fedsim.data.scenario import build_federation
 from fedsim.errors import UserError
 from fedsim.experiments.cli import main
@@ -65,6 +65,8 @@ def test_waiting_for_failed_clients_keeps_the_numbers_and_costs_time_and_bytes(t
         assert busy["bytes_sent"] - quiet["bytes_sent"] == again * model
         assert busy["clients_answered"] == quiet["clients_answered"] == 6
         assert busy["virtual_seconds"] >= quiet["virtual_seconds"]
+    for result in (steady, waited):  # the summary holds the whole run's simulated time
+        assert result.summary["virtual_seconds"] == pytest.approx(sum(m["virtual_seconds"] for m in result.history))
 
 
 def _speeds_file(tmp_path) -> str:
@@ -177,3 +179,15 @@ def test_unreliable_clients_are_equal_on_both_backends(toy_overrides, ray_cluste
     local, ray = ([{k: v for k, v in m.items() if k not in volatile} for m in r.history] for r in results.values())
     assert local == ray
     assert sum(len(m["clients_missing"]) for m in local) > 0  # the settings do drop sources
+
+
+def test_dropout_is_the_complement_of_availability():
+    """``clients.dropout=0.2`` is ``clients.availability=0.8``; both at once, or a dropout outside [0, 1), fails."""
+    assert (
+        build_config({"clients": {"dropout": 0.2}}).clients == build_config({"clients": {"availability": 0.8}}).clients
+    )
+    with pytest.raises(UserError, match="give one"):
+        build_config({"clients": {"dropout": 0.2, "availability": 0.8}})
+    for bad in (1, -0.1, "a lot"):
+        with pytest.raises(UserError, match=r"clients.dropout must be a number in \[0, 1\)"):
+            build_config({"clients": {"dropout": bad}})

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import time
 from pathlib import Path
 from typing import Optional
@@ -138,6 +139,8 @@ class Simulator:
         }
         last = self.history[-1]
         spent = {k: last[k] for k in PRIVACY_SUMMARY_KEYS if k in last}  # the whole run's, with privacy on
+        if "virtual_seconds" in last:  # the clients section's simulated clock: the whole run's simulated time
+            spent["virtual_seconds"] = math.fsum(m["virtual_seconds"] for m in self.history)
         return {
             **extra,
             **spent,
