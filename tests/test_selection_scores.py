@@ -298,11 +298,11 @@ def test_mano_of_confident_one_hot_predictions_is_k_to_the_minus_one_quarter():
     assert combined["score_mano"] == pytest.approx(K**-0.25, abs=1e-15)
 
 
-def test_mano_on_two_classes_is_constant_under_the_taylor_normalization(caplog, monkeypatch):
+def test_mano_on_two_classes_is_constant_under_the_taylor_normalization(caplog):
     """Two classes and the criterion under its threshold (logits near each other): the Taylor normalization
     subtracts each row's minimum, so every row becomes (0, 1) and MaNo is 2 ** -0.25 whatever the model predicts;
     the run's log says so once, not at every evaluation."""
-    monkeypatch.setattr(statistics, "_warned_constant_mano", [])
+    statistics._warn_constant_mano.cache_clear()
     rng = np.random.default_rng(3)
     for logits in (
         rng.normal(size=(40, 2)),

@@ -139,11 +139,15 @@ class Simulator:
         }
         last = self.history[-1]
         spent = {k: last[k] for k in PRIVACY_SUMMARY_KEYS if k in last}  # the whole run's, with privacy on
-        if "virtual_seconds" in last:  # the clients section's simulated clock: the whole run's simulated time
-            spent["virtual_seconds"] = math.fsum(m["virtual_seconds"] for m in self.history)
+        clock = (
+            {"virtual_seconds": math.fsum(m["virtual_seconds"] for m in self.history)}
+            if "virtual_seconds" in last
+            else {}
+        )
         return {
             **extra,
             **spent,
+            **clock,  # the clients section's simulated clock: the whole run's simulated time
             "method": self.config.method.name,
             "benchmark": self.config.data.benchmark,
             "target": self.config.data.target,

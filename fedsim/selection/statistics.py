@@ -17,6 +17,7 @@ The statistics (keys of the returned dicts):
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 from typing import Callable, Optional, Sequence
@@ -237,8 +238,13 @@ def _snd(sources: Sequence[dict], targets: Sequence[dict]) -> float:
     return math.fsum(n * value for n, value in zip(rows, values)) / _rows(targets, "n_target", "snd")
 
 
-#: set once the constant-MaNo warning has been logged in this process
-_warned_constant_mano: list[bool] = []
+@functools.cache
+def _warn_constant_mano() -> None:
+    """Logged once per process (the score is evaluated every round)."""
+    logger.warning(
+        "mano on 2 classes with the Taylor normalization carries no information: each row minus its minimum is "
+        "(0, 1) after normalizing, so the score is 2 ** -0.25 for every model; compare by another score"
+    )
 
 
 def _mano(sources: Sequence[dict], targets: Sequence[dict]) -> float:
@@ -250,12 +256,8 @@ def _mano(sources: Sequence[dict], targets: Sequence[dict]) -> float:
     criterion = _total(targets, "mano_neg_log_softmax_sum", "mano") / entries
     normalization = "softmax" if criterion > MANO_THRESHOLD else "taylor"
     logger.debug("MaNo: criterion Phi = %.4g against %g: %s normalization", criterion, MANO_THRESHOLD, normalization)
-    if entries == 2 * rows and normalization == "taylor" and not _warned_constant_mano:
-        _warned_constant_mano.append(True)  # once per process: the score is evaluated every round
-        logger.warning(
-            "mano on 2 classes with the Taylor normalization carries no information: each row minus its minimum is "
-            "(0, 1) after normalizing, so the score is 2 ** -0.25 for every model; compare by another score"
-        )
+    if entries == 2 * rows and normalization == "taylor":
+        _warn_constant_mano()
     power_sum = _total(targets, f"mano_{normalization}_power_sum", "mano")
     return (power_sum / entries) ** (1.0 / MANO_NORM_ORDER)
 
