@@ -1,4 +1,5 @@
-"""The CWRU loader on tiny recordings the tests write: both namings, class choice, one-line refusals."""
+"""The CWRU loader on tiny recordings the tests write: both namings, class choice (ten classes or the nine faults),
+the authors' split (sources whole, target folds), one-line refusals."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import pytest
 import scipy.io
 
 from fedsim.config import DataConfig, data_config
-from fedsim.data.benchmarks.cwru import CWRUBenchmark, window_starts
+from fedsim.data.benchmarks.cwru import CLASSES, FILE_NUMBERS, FOLDS, CWRUBenchmark, window_starts
 from fedsim.errors import UserError
 
 RATE = 12000.0
@@ -44,6 +45,14 @@ def _bench(root, **kwargs) -> CWRUBenchmark:
     return CWRUBenchmark(data_config(benchmark="cwru", root=str(root), **kwargs))
 
 
+def _windows(dom) -> tuple[np.ndarray, np.ndarray]:
+    """Every window of a domain once: a source's test split is its training split (its whole data), the target's
+    two splits are disjoint."""
+    if dom.train_x.shape == dom.test_x.shape and np.array_equal(dom.train_x, dom.test_x):
+        return dom.train_x, dom.train_y
+    return np.concatenate([dom.train_x, dom.test_x]), np.concatenate([dom.train_y, dom.test_y])
+
+
 def test_cwru_windows_and_fft_features(tmp_path):
     _write_cwru(tmp_path)
     bench = _bench(tmp_path)
@@ -51,9 +60,8 @@ def test_cwru_windows_and_fft_features(tmp_path):
     assert bench.classes == ("normal", "inner_007", "outer_007")  # the fixed class order, present ones only
     dom = bench.load("2hp")
     assert dom.num_classes == 3 and dom.input_shape == (512,)
-    assert len(dom.train_y) + len(dom.test_y) == 3 * (5000 // 1024)  # non-overlapping windows
-    x = np.concatenate([dom.train_x, dom.test_x])
-    y = np.concatenate([dom.train_y, dom.test_y])
+    x, y = _windows(dom)
+    assert len(y) == 3 * (5000 // 1024)  # non-overlapping windows
     for label, freq in enumerate(FREQS.values()):  # the spectrum peaks at the class's frequency
         assert np.all(np.abs(np.argmax(x[y == label], axis=1) - freq / RATE * 1024) <= 1)
     raw = _bench(tmp_path, variant="raw", samples_per_class=10).load("1hp")
@@ -79,7 +87,7 @@ def test_cwru_several_signals_need_the_number(tmp_path):
         _bench(tmp_path).load("2hp")
     (tmp_path / "2hp" / "normal.mat").rename(tmp_path / "2hp" / "normal_99.mat")
     dom = _bench(tmp_path).load("2hp")
-    assert np.bincount(np.concatenate([dom.train_y, dom.test_y]))[0] == 3000 // 1024  # X099 was used
+    assert np.bincount(_windows(dom)[1])[0] == 3000 // 1024  # X099 was used
 
 
 def test_cwru_default_classes_are_those_every_chosen_load_has(tmp_path, caplog):
@@ -90,8 +98,9 @@ def test_cwru_default_classes_are_those_every_chosen_load_has(tmp_path, caplog):
         bench = _bench(tmp_path, target="2hp", loads=("0hp", "1hp", "2hp"))
         assert bench.classes == ("inner_007", "outer_007")
         assert bench.load("0hp").num_classes == 2 and bench.load("1hp").num_classes == 2
-    lines = [r.getMessage() for r in caplog.records if "common" in r.getMessage()]
-    assert lines == ["cwru: 2 classes common to loads 0hp, 1hp, 2hp (normal missing from 1hp, 2hp)"]
+    lines = [r.getMessage() for r in caplog.records if "classes" in r.getMessage()]
+    assert len(lines) == 1 and lines[0].startswith("cwru: 2 classes common to loads 0hp, 1hp, 2hp, not the authors' 10")
+    assert "normal missing (1hp/normal_98.mat, 2hp/normal_99.mat)" in lines[0]
     # Loads left out of the task (target + sources) do not restrict the classes.
     assert _bench(tmp_path, target="0hp", sources=("1hp",)).classes == ("inner_007", "outer_007")
     (tmp_path / "more").mkdir()
@@ -255,3 +264,96 @@ def test_cwru_layout_errors(tmp_path):
         _bench(tmp_path, variant="wavelet").load("1hp")
     with pytest.raises(UserError, match="1hp"):
         _bench(tmp_path).load("0hp")
+
+
+def _write_release(root, loads=("0hp", "1hp", "2hp", "3hp"), classes=CLASSES, windows=4):
+    """One small recording per class and load, named and numbered as the data centre ships it
+    (``1hp/normal_98.mat`` holding ``X098_DE_time``); each class its own frequency."""
+    for load in loads:
+        (root / load).mkdir(exist_ok=True)
+        index = ("0hp", "1hp", "2hp", "3hp").index(load)
+        for cls in classes:
+            number = FILE_NUMBERS[cls][index]
+            t = np.arange(windows * 1024) / RATE
+            freq = 300.0 * (1 + CLASSES.index(cls))
+            signal = np.sin(2 * np.pi * freq * t) * (1 + index) + 0.01 * np.random.default_rng(number).normal(
+                size=len(t)
+            )
+            scipy.io.savemat(
+                str(root / load / f"{cls}_{number}.mat"), {f"X{number:03d}_DE_time": signal.reshape(-1, 1)}
+            )
+
+
+def test_cwru_ten_classes_when_the_normal_recordings_are_there(tmp_path, caplog):
+    """A full release (normal 97-100 at 0-3 hp): the authors' ten classes, normal first, said in one line."""
+    _write_release(tmp_path)
+    with caplog.at_level(logging.INFO, logger="fedsim.data.benchmarks.cwru"):
+        bench = _bench(tmp_path)
+        assert bench.classes == CLASSES and len(CLASSES) == 10
+        dom = bench.load("3hp")
+    lines = [r.getMessage() for r in caplog.records if "classes" in r.getMessage()]
+    assert lines == ["cwru: 10 classes, the authors' ten, in loads 1hp, 2hp, 3hp"]
+    x, y = _windows(dom)
+    assert dom.num_classes == 10 and np.array_equal(np.bincount(y), [4] * 10)
+    normal = x[y == 0]  # the normal class is 3hp/normal_100.mat's signal at 300 Hz
+    assert np.all(np.abs(np.argmax(normal, axis=1) - 300.0 / RATE * 1024) <= 1)
+
+
+def test_cwru_nine_faults_without_the_normal_recordings_in_one_line(tmp_path, caplog):
+    """As ../shared/data/cwru ships (normal only at 0hp): the nine faults, and one line naming the three files that
+    would give the ten classes."""
+    _write_release(tmp_path, loads=("0hp",))
+    _write_release(tmp_path, loads=("1hp", "2hp", "3hp"), classes=CLASSES[1:])
+    with caplog.at_level(logging.INFO, logger="fedsim.data.benchmarks.cwru"):
+        bench = _bench(tmp_path, target="2hp")
+        assert bench.classes == CLASSES[1:]
+        assert bench.load("2hp").num_classes == 9
+    lines = [r.getMessage() for r in caplog.records if "classes" in r.getMessage()]
+    assert lines == [
+        "cwru: 9 classes common to loads 1hp, 2hp, 3hp, not the authors' 10: normal missing (1hp/normal_98.mat, "
+        "2hp/normal_99.mat, 3hp/normal_100.mat); add those files (as the data centre names them) for the 10 classes"
+    ]
+    # 0hp named as a source: its normal recording does not bring the class back (the other loads lack it).
+    assert _bench(tmp_path, target="1hp", sources=("0hp", "2hp")).classes == CLASSES[1:]
+    assert _bench(tmp_path, target="0hp", sources=("1hp",)).classes == CLASSES[1:]
+
+
+def test_cwru_split_sources_whole_target_in_five_folds(tmp_path):
+    """The authors' split: each source trains on all its windows (and is evaluated on them); the target's windows
+    fall in 5 class-stratified folds, ``data.target_fold`` the test one, the other four its unlabeled training part."""
+    _write_release(tmp_path, loads=("1hp", "2hp", "3hp"), classes=CLASSES[1:], windows=10)
+    source = _bench(tmp_path, target="2hp").load("1hp")
+    assert len(source.train_y) == 90 and np.array_equal(source.train_x, source.test_x)
+    tests = []
+    for fold in range(FOLDS):
+        target = _bench(tmp_path, target="2hp", target_fold=fold).load("2hp")
+        assert len(target.train_y) == 72 and len(target.test_y) == 18
+        assert np.array_equal(np.bincount(target.test_y), [2] * 9)  # 10 windows a class: 2 in each fold
+        train_rows = {row.tobytes() for row in target.train_x}
+        assert not any(row.tobytes() in train_rows for row in target.test_x)  # disjoint
+        tests.append({row.tobytes() for row in target.test_x})
+    assert len(set().union(*tests)) == 90 and sum(len(t) for t in tests) == 90  # the folds partition the windows
+    again = _bench(tmp_path, target="2hp", target_fold=3).load("2hp")
+    assert {row.tobytes() for row in again.test_x} == tests[3]  # the same folds from the same data.seed
+    other = _bench(tmp_path, target="2hp", target_fold=3, seed=1).load("2hp")
+    assert {row.tobytes() for row in other.test_x} != tests[3]  # data.seed draws the folds
+    # The default target (1hp) is split; 2hp is then a source, whole.
+    assert len(_bench(tmp_path).load("1hp").test_y) == 18 and len(_bench(tmp_path).load("2hp").test_y) == 90
+    holdout = _bench(tmp_path, target="2hp", split="holdout")
+    assert [len(holdout.load(d).test_y) for d in ("1hp", "2hp")] == [18, 18]  # every domain 80/20
+    assert len(holdout.load("1hp").train_y) == 72
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        ({"target_fold": 5}, "data.target_fold must be an integer from 0 to 4"),
+        ({"target_fold": -1}, "data.target_fold must be an integer from 0 to 4"),
+        ({"split": "kfold"}, "unknown cwru split 'kfold'"),
+    ],
+)
+def test_cwru_split_refusals(tmp_path, options, message):
+    _write_cwru(tmp_path)
+    with pytest.raises(UserError, match=message) as info:
+        _bench(tmp_path, **options)
+    assert "\n" not in str(info.value)

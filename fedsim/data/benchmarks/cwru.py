@@ -52,7 +52,7 @@ import numpy as np
 from fedsim.data.base import Benchmark, Domain
 from fedsim.data.benchmarks.feature_files import read_mat, root_folder
 from fedsim.data.benchmarks.options import check_domain, choice, count
-from fedsim.data.benchmarks.splits import split_named_domain
+from fedsim.data.benchmarks.splits import feature_domain, limit_train, named_streams, rng_for, split_named_domain
 from fedsim.errors import UserError
 from fedsim.registry import BENCHMARKS, unknown_name_message
 
@@ -73,12 +73,45 @@ CLASSES: tuple[str, ...] = (
 )
 #: the authors' domains A, B, C
 PAPER_LOADS: tuple[str, ...] = ("1hp", "2hp", "3hp")
+#: the data centre's file numbers of each class at 0, 1, 2, 3 hp (12 kHz drive end; outer race at 6:00)
+FILE_NUMBERS: dict[str, tuple[int, int, int, int]] = {
+    "normal": (97, 98, 99, 100),
+    "ball_007": (118, 119, 120, 121),
+    "ball_014": (185, 186, 187, 188),
+    "ball_021": (222, 223, 224, 225),
+    "inner_007": (105, 106, 107, 108),
+    "inner_014": (169, 170, 171, 172),
+    "inner_021": (209, 210, 211, 212),
+    "outer_007": (130, 131, 132, 133),
+    "outer_014": (197, 198, 199, 200),
+    "outer_021": (234, 235, 236, 237),
+}
 WINDOW = 1024
 FEATURES = ("fft", "raw")
+#: ``data.split``: "folds" (the authors': the sources whole, the target in FOLDS folds) or "holdout" (80/20)
+SPLITS = ("folds", "holdout")
+FOLDS = 5
 _LAYOUT = (
     "DIR/<load>/<class>.mat or <class>_<file number>.mat with load in 0hp, 1hp, 2hp, 3hp and class in "
     + ", ".join(CLASSES)
 )
+
+
+def release_name(cls: str, load: str) -> str:
+    """The file a load's class is shipped as: ``1hp/normal_98.mat``."""
+    return f"{load}/{cls}_{FILE_NUMBERS[cls][DOMAINS.index(load)]}.mat"
+
+
+def stratified_folds(y: np.ndarray, folds: int, rng: np.random.Generator) -> np.ndarray:
+    """The fold (0 .. folds-1) of every row: each class shuffled from ``rng`` and dealt out in turn, so that every
+    fold holds 1/folds of each class (within one row)."""
+    fold = np.empty(len(y), dtype=np.int64)
+    start = 0
+    for cls in np.unique(y):
+        members = np.flatnonzero(y == cls)
+        fold[members[rng.permutation(len(members))]] = (start + np.arange(len(members))) % folds
+        start += len(members)
+    return fold
 
 
 def parse_name(stem: str) -> Optional[tuple[str, Optional[str]]]:
@@ -212,10 +245,24 @@ def choose_classes(files: dict[str, dict], loads: list[str], named: tuple[str, .
             f"cwru: the classes {have} are fewer than two (loads {', '.join(loads)}): "
             f"add the missing files ({_LAYOUT}) or leave the incomplete loads out with --set data.sources=..."
         )
-    found = [c for c in CLASSES if c not in common and any(c in entries for entries in files.values())]
-    gaps = "; ".join(f"{c} missing from {', '.join(d for d in loads if c not in files[d])}" for c in found)
-    logger.info("cwru: %d classes common to loads %s%s", len(common), ", ".join(loads), f" ({gaps})" if gaps else "")
+    logger.info(class_line(common, files, loads))
     return tuple(common)
+
+
+def class_line(common: list[str], files: dict[str, dict], loads: list[str]) -> str:
+    """The one line a task's default classes are logged with: the count, and the files that would give the
+    authors' ten classes when some are missing."""
+    where = f"loads {', '.join(loads)}"
+    missing = [c for c in CLASSES if c not in common]
+    if not missing:
+        return f"cwru: {len(common)} classes, the authors' ten, in {where}"
+    names = "; ".join(
+        f"{c} missing ({', '.join(release_name(c, d) for d in loads if c not in files[d])})" for c in missing
+    )
+    return (
+        f"cwru: {len(common)} classes common to {where}, not the authors' {len(CLASSES)}: {names}; add those files "
+        f"(as the data centre names them) for the {len(CLASSES)} classes"
+    )
 
 
 @BENCHMARKS.register("cwru")
@@ -232,13 +279,18 @@ class CWRUBenchmark(Benchmark):
         """``data.variant``: the window features, "fft" (or "default") or "raw"; ``data.window``: samples per window
         (1024); ``data.samples_per_class``: windows per class and load, spread evenly (None: every non-overlapping
         window); ``data.classes``: the classes, in label order (empty: those every load of the task has);
-        ``data.loads``: the domains (empty: 1hp, 2hp, 3hp and any load --target or data.sources names)."""
+        ``data.loads``: the domains (empty: 1hp, 2hp, 3hp and any load --target or data.sources names);
+        ``data.split``: "folds" (the sources whole, the target in 5 stratified folds) or "holdout" (every domain
+        80/20); ``data.target_fold``: the target's fold held out for testing (0 .. 4), the other four its unlabeled
+        training part."""
 
         variant: str = "default"
         window: int = WINDOW
         samples_per_class: Optional[int] = None
         classes: tuple[str, ...] = ()
         loads: tuple[str, ...] = ()
+        split: str = "folds"
+        target_fold: int = 0
 
         def __post_init__(self):
             choice(self, "variant", "cwru feature kind", FEATURES, "fft", aliases={"default": "fft"})
@@ -246,6 +298,12 @@ class CWRUBenchmark(Benchmark):
             count(self, "samples_per_class", "cwru")
             class_option(self)
             load_option(self)
+            choice(self, "split", "cwru split", SPLITS, "folds")
+            fold = self.target_fold
+            if isinstance(fold, bool) or not isinstance(fold, (int, np.integer)) or not 0 <= fold < FOLDS:
+                raise UserError(
+                    f"data.target_fold must be an integer from 0 to {FOLDS - 1} (the target's test fold), got {fold!r}"
+                )
 
     #: none, as the authors' scripts leave their standardization line commented out; per-domain standardization
     #: (each domain by its own statistics, the target's included) is an adaptation method of its own:
@@ -342,7 +400,7 @@ class CWRUBenchmark(Benchmark):
     # ------------------------------------------------------------------ domains
 
     def build_domain(self, domain: str) -> Domain:
-        """One load's windows of every class, split 80/20 stratified by class from ``data.seed``."""
+        """One load's windows of every class, split as ``data.split`` says (:meth:`split`)."""
         files = self.files()
         if domain in DOMAINS and domain not in files:
             raise UserError(
@@ -373,4 +431,27 @@ class CWRUBenchmark(Benchmark):
             kind,
             ", ".join(f"{c} {n}" for c, n in zip(self.classes, np.bincount(y, minlength=len(self.classes)))),
         )
-        return split_named_domain(domain, x, y, len(self.classes), self.config)
+        return self.split(domain, x, y)
+
+    @property
+    def target(self) -> str:
+        target = getattr(self.config, "target", "auto")
+        return self.default_target if target in (None, "auto") else target
+
+    def split(self, domain: str, x: np.ndarray, y: np.ndarray) -> Domain:
+        """``data.split=folds``, the authors' (FedDaDiL CWRU script: ``dataset[source]`` whole, ``dataset[target]
+        ['fold k']['Train' | 'Test']`` for k in 0..4): a source trains on all its windows and is evaluated on the
+        same windows; the target's windows are cut into 5 folds stratified by class from ``data.seed``, fold
+        ``data.target_fold`` its test split, the other four its (unlabeled) training split. ``holdout``: every
+        domain 80/20 stratified from ``data.seed``. Then ``data.max_train_per_domain``."""
+        if self.options.split == "holdout":
+            return split_named_domain(domain, x, y, len(self.classes), self.config)
+        split_key, subsample_key = named_streams(domain)
+        seed = int(self.config.seed)
+        if domain != self.target:
+            train_x, train_y = limit_train(x, y, self.config.max_train_per_domain, seed, subsample_key)
+            return feature_domain(domain, train_x, train_y, x, y, len(self.classes))
+        fold = stratified_folds(y, FOLDS, rng_for(seed, split_key))
+        test = fold == self.options.target_fold
+        train_x, train_y = limit_train(x[~test], y[~test], self.config.max_train_per_domain, seed, subsample_key)
+        return feature_domain(domain, train_x, train_y, x[test], y[test], len(self.classes))
