@@ -166,6 +166,10 @@ class RunConfig:
     backend: str = "ray"
     """The backend (``--backend``): "ray" (client actors on a Ray cluster) or "local" (every client in this process,
     one after the other)."""
+    precision: str = "fp32"
+    """The clients' forward passes in training and evaluation: "fp32" (float32 throughout) or "bf16" (bfloat16
+    autocast on the CPU or the GPU, weights and optimizer in float32; :mod:`fedsim.methods.common.precision`,
+    ``docs/gpu.md``)."""
     address: Optional[str] = None
     """The Ray cluster: None starts a fresh local one; "auto" or host:port joins a running one."""
     out: Optional[str] = None
@@ -207,8 +211,9 @@ class ResourcesConfig:
     """The CPUs a Ray client actor reserves (a cluster holds at most its CPUs / this many actors), and a client's
     torch threads on either backend (rounded down, at least 1)."""
     gpus_per_client: float = 0.0
-    """The GPUs a Ray client actor reserves (a fraction shares one); above 0 the clients run on CUDA. The local
-    backend runs on the CPU, as does a Ray cluster without GPUs (with a warning)."""
+    """The GPUs a Ray client actor reserves (a fraction shares one); above 0 the clients run on CUDA, on either
+    backend (the local backend runs them, and its server half, on this process's GPU). Without CUDA (a Ray cluster
+    without GPUs, a machine without one) they run on the CPU, with a warning."""
     vectorize: str = "off"
     """Batched clients: "off", each client's operation runs alone (the committed results); "auto", the local SGD of
     the clients in one call runs as one batched computation where it is faster

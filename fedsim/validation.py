@@ -130,6 +130,10 @@ def _method_and_run_checks(config) -> list[tuple[bool, str]]:
         ),
         (run.checkpoint_every >= 0, f"run.checkpoint_every must be 0 (off) or positive, got {run.checkpoint_every}"),
         (run.eval_every > 0, f"run.eval_every must be positive, got {run.eval_every}"),
+        (
+            run.precision in ("fp32", "bf16"),
+            f"run.precision must be 'fp32' or 'bf16', got {run.precision!r}: e.g. --set run.precision=bf16",
+        ),
     ]
 
 
@@ -348,6 +352,7 @@ def validate(config) -> None:
     check_missing_replies(config)
     check_privacy(config)
     check_scores(config)
+    check_precision(config)
     check_resource_groups(config)
 
 
@@ -388,6 +393,18 @@ def check_resource_groups(config) -> None:
                 f"resources.groups names {name!r}, neither a role ({', '.join(roles)}) nor a domain of benchmark "
                 f"{config.data.benchmark!r}: {hint}"
             )
+
+
+def check_precision(config) -> None:
+    """``run.precision=bf16`` applies to the classification methods' loops; the detection methods train and detect
+    in float32, so asking them for bf16 is refused rather than ignored."""
+    from fedsim.registry import METHODS
+
+    if config.run.precision != "fp32" and METHODS.get(config.method.name).task != "classification":
+        raise UserError(
+            f"run.precision={config.run.precision} applies to the classification methods; {config.method.name!r} "
+            "trains a detector in float32: leave run.precision at fp32"
+        )
 
 
 def check_scores(config) -> None:

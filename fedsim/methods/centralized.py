@@ -18,25 +18,50 @@ only evaluates the broadcast weights, as in FedAvg.
 
 Every round the server runs ``method.local_epochs`` epochs of mini-batch SGD
 over the pool (``method.batch_size``, a fresh optimizer per round as in
-FedAvg), on its own device, with FedAvg's model and training loop (a
+FedAvg), on its own device (the local backend's GPU when ``resources.gpus_per_client``
+asks for one), in ``run.precision``, with FedAvg's model and training loop (a
 :class:`~fedsim.methods.common.classifier.GlobalClassifier`). ``run.clients_per_round``
 does not apply: the pool always holds every source client.
+
+``method.optimizer=adam`` trains with Adam instead (``torch.optim.Adam``, rate ``method.lr``, L2 penalty
+``method.weight_decay``, torch's default betas and epsilon), its state kept across rounds in the server state, so
+that R rounds of E epochs are R x E epochs of one Adam run. The TEP authors' source-only recipe (Montesuma et al.,
+``tep-domain-adaptation``'s multi-source source-only notebook: ``optimizer_name='adam'``, ``learning_rate=1e-4``,
+``l2_penalty=0.0``, ``batch_size=256``, ``n_epochs=70`` over the pooled source windows) is then
+``--set method.optimizer=adam,method.lr=1e-4,method.weight_decay=0,method.batch_size=256`` with
+``--rounds 70`` (one epoch a round, each evaluated) or ``--rounds 1 --local-epochs 70``: :data:`TEP_RECIPE`.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from fedsim.data.base import ArraySplit, ClientData
+from fedsim.errors import UserError
 from fedsim.messages import Instruction, Reply
 from fedsim.methods.base import Method, ServerState, client_operation
+from fedsim.methods.common import precision
 from fedsim.methods.common.classifier import GlobalClassifier
 from fedsim.methods.common.pooling import gather_sources, labeled_upload
 from fedsim.methods.common.selection_hooks import ClassifierPredictor, model_tensors, selection_reply
-from fedsim.methods.common.training import model_to_numpy
+from fedsim.methods.common.training import load_numpy, model_to_numpy, train_epochs
 from fedsim.registry import METHODS
+
+OPTIMIZERS = ("sgd", "adam")
+
+TEP_RECIPE = {
+    "method.optimizer": "adam",
+    "method.lr": 1e-4,
+    "method.weight_decay": 0.0,
+    "method.batch_size": 256,
+    "run.rounds": 70,
+    "method.local_epochs": 1,
+}
+"""The TEP authors' centralized source-only training (their multi-source source-only notebook: Adam, learning rate
+1e-4, no L2 penalty, batches of 256, 70 epochs), as settings of this method: one epoch a round."""
 
 
 @METHODS.register("centralized")
@@ -44,6 +69,19 @@ class Centralized(Method):
     """Centralized source-only reference: one model trained on the pooled source data, which FedAvg approximates."""
 
     centralized = True  # replies carry client data on purpose: the contract tests know this
+
+    @dataclass(frozen=True)
+    class Params:
+        optimizer: str = "sgd"
+        """The server's optimizer: "sgd" (fedsim's SGD with ``method.momentum``, a fresh one per round, as FedAvg's
+        clients) or "adam" (``torch.optim.Adam``, its state kept across rounds; the TEP authors' recipe)."""
+
+        def __post_init__(self):
+            if self.optimizer not in OPTIMIZERS:
+                raise UserError(
+                    f"method.optimizer must be one of {', '.join(OPTIMIZERS)}, got {self.optimizer!r}: "
+                    "e.g. --set method.optimizer=adam"
+                )
 
     def __init__(self, config, federation, device: str = "cpu"):
         super().__init__(config, federation, device)
@@ -55,15 +93,35 @@ class Centralized(Method):
         return {"weights": self.classifier.initial_weights()}
 
     def run_round(self, ctx, state: ServerState) -> tuple[ServerState, dict]:
-        """Gather the pool once, then ``method.local_epochs`` epochs of SGD on it (a fresh optimizer per round)."""
+        """Gather the pool once, then ``method.local_epochs`` epochs on it: SGD with a fresh optimizer per round, or
+        Adam continuing from the previous round's state."""
         if "pool" not in state:
             state = {**state, "pool": gather_sources(ctx, self.federation.source_ids)}
         pool = state["pool"]
         with torch.random.fork_rng(devices=[]):  # building the model seeds torch: leave the global RNG as it was
             model = self.pooled.shared()
         split, settings = ArraySplit(pool["x"], pool["y"]), self.client_settings(ctx.round)
-        loss = self.pooled.train(model, state["weights"], split, settings, ctx.seed(-1, "centralized"))
-        return {**state, "weights": model_to_numpy(model)}, {"train_loss": loss, "pool_size": int(len(pool["y"]))}
+        seed, extra = ctx.seed(-1, "centralized"), {}
+        with precision.using(self.config.run.precision):
+            if self.params.optimizer == "adam":
+                loss, extra["optimizer"] = self.train_adam(model, state, split, settings, seed)
+            else:
+                loss = self.pooled.train(model, state["weights"], split, settings, seed)
+        state = {**state, **extra, "weights": model_to_numpy(model)}
+        return state, {"train_loss": loss, "pool_size": int(len(pool["y"]))}
+
+    def train_adam(self, model, state: ServerState, split: ArraySplit, settings, seed: int) -> tuple[float, dict]:
+        """``settings.local_epochs`` epochs of Adam from the state the last round left (a fresh one in round 1); the
+        mean loss of the last epoch and the optimizer's state, on the CPU (checkpoints carry it)."""
+        load_numpy(model, state["weights"])
+        optimizer = torch.optim.Adam(model.parameters(), lr=settings.lr, weight_decay=settings.weight_decay)
+        if "optimizer" in state:
+            optimizer.load_state_dict(state["optimizer"])  # load_state_dict moves the moments to the model's device
+        epochs, batch_size = settings.local_epochs, settings.batch_size
+        loss = train_epochs(model, split, epochs, batch_size, optimizer, seed=seed, device=self.device)
+        saved = optimizer.state_dict()
+        saved["state"] = {k: {n: t.detach().cpu() for n, t in v.items()} for k, v in saved["state"].items()}
+        return loss, saved
 
     # ---- client half ------------------------------------------------------
     def init_client(self, data: ClientData) -> Any:

@@ -50,8 +50,10 @@ from fedsim.messages import Instruction, Reply
 from fedsim.methods.base import Method, ServerState, client_operation
 from fedsim.methods.common.aggregation import weighted_average
 from fedsim.methods.common.classifier import GlobalClassifier
+from fedsim.methods.common.precision import autocast, full
 from fedsim.methods.common.selection_hooks import ClassifierPredictor, model_tensors, selection_reply
 from fedsim.methods.common.training import (
+    encode_in_chunks,
     evaluate_model,
     load_numpy,
     make_optimizer,
@@ -81,7 +83,9 @@ def frozen_features(model: nn.Module, x: np.ndarray, chunk: int, device: torch.d
     bounds = list(range(0, len(x), chunk)) + [len(x)]
     if len(bounds) > 2 and bounds[-1] - bounds[-2] == 1:
         del bounds[-2]
-    return torch.cat([model.features(torch.from_numpy(x[a:b]).to(device)) for a, b in zip(bounds[:-1], bounds[1:])])
+    with autocast(device):
+        parts = [full(model.features(torch.from_numpy(x[a:b]).to(device))) for a, b in zip(bounds[:-1], bounds[1:])]
+    return torch.cat(parts)
 
 
 def train_head(head: nn.Module, features: torch.Tensor, y: np.ndarray, epochs: int, method, seed: int) -> float:
@@ -96,7 +100,8 @@ def train_head(head: nn.Module, features: torch.Tensor, y: np.ndarray, epochs: i
         total, count = 0.0, 0
         for idx in minibatches(len(labels), method.batch_size, generator):
             optimizer.zero_grad(set_to_none=True)
-            loss = nn.functional.cross_entropy(head(features[idx]), labels[idx])
+            with autocast(features.device):
+                loss = nn.functional.cross_entropy(head(features[idx]), labels[idx])
             loss.backward()
             optimizer.step()
             total, count = total + float(loss.detach()) * len(idx), count + len(idx)
@@ -217,7 +222,6 @@ class FedRep(Method):
         if not sources:
             raise ValueError("the target needs the sources' heads to predict (the share_head exchange)")
         counts = np.asarray([float(tensors[f"heads.{cid}.count"]) for cid in sources])
-        x = torch.from_numpy(x)
         probabilities = torch.zeros(len(x), self.federation.num_classes, dtype=torch.float64)
         for cid, weight in zip(sources, counts / counts.sum()):
             prefix = f"heads.{cid}."
@@ -233,7 +237,7 @@ class FedRep(Method):
                 },
             )
             model.eval()
-            logits = torch.cat([model(x[i : i + 512].to(self.device)).cpu() for i in range(0, len(x), 512)])
+            logits = encode_in_chunks(model, x, self.device, 512)
             probabilities += weight * torch.softmax(logits.double(), dim=1)
         return probabilities
 

@@ -1,7 +1,8 @@
 """ClientHost: the clients living in one process (the driver, or one Ray actor).
 
 It builds each hosted client's data itself from (benchmark config, client id),
-keeps each client's private state, and runs the method's named operations.
+keeps each client's private state, and runs the method's named operations on its device (``cpu``, or ``cuda``
+where the clients asked for GPUs) in the run's precision (``run.precision``).
 Only Replies leave it: never inputs, labels, or private state.
 """
 
@@ -19,6 +20,7 @@ from fedsim.data.base import ClientData
 from fedsim.data.scenario import Federation, forget_domain_data, load_client_data
 from fedsim.errors import NumericalError
 from fedsim.messages import Instruction, Reply
+from fedsim.methods.common import precision
 from fedsim.models.features import client_features
 from fedsim.runtime.numerics import check_tensors
 
@@ -54,6 +56,7 @@ class ClientHost:
         self.method = METHODS.get(config.method.name)(config, federation, device=device)
         self.threads = threads_for(config.resources.cpus_per_client)
         self.vectorize = config.resources.vectorize
+        self.precision = config.run.precision
         self._data: dict[int, Any] = {}
         self._state: dict[int, Any] = {}
         self._unbuilt: dict[str, int] = {}  # domain -> hosted clients whose data is not built yet
@@ -81,7 +84,7 @@ class ClientHost:
             return self._standardization(client_id, data, instruction)
         operation = self.method.operation(instruction.operation)
         try:
-            with torch_threads(self.threads):
+            with torch_threads(self.threads), precision.using(self.precision):
                 reply, self._state[client_id] = operation(instruction, self._state[client_id], data)
         except NumericalError as exc:  # raised where the value was found: add where in the run that was
             raise exc.located(**self._where(client_id, instruction))
@@ -109,7 +112,7 @@ class ClientHost:
 
         batched = getattr(self.method, vectorized_operations(self.method)[operation])
         work = [(instruction, self._state[cid], data) for cid, instruction, data in self._with_data(items)]
-        with torch_threads(self.threads):
+        with torch_threads(self.threads), precision.using(self.precision):
             results = batched(work)
         replies = {}
         for (client_id, instruction), (reply, state) in zip(items, results):

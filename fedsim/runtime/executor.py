@@ -12,10 +12,13 @@ process it recreates.
 
 from __future__ import annotations
 
+import logging
 from abc import ABC, abstractmethod
 from typing import Callable, Iterable, Mapping, Optional
 
 from fedsim.messages import Instruction, Reply
+
+log = logging.getLogger(__name__)
 
 #: the replies a caller keeps of those that came back (a deadline discards late ones): client ids
 Keep = Callable[[Mapping[int, Reply]], Iterable[int]]
@@ -76,22 +79,70 @@ class Executor(ABC):
         pass
 
 
-class LocalExecutor(Executor):
-    """Serial and deterministic: all clients live in this process (for debugging and tests)."""
+def cuda_available() -> bool:
+    """Whether this process can run on CUDA (torch is imported here: the local backend trains in this process)."""
+    import torch
 
-    def __init__(self, config, federation):
+    return torch.cuda.is_available()
+
+
+def local_devices(config, federation) -> dict[int, str]:
+    """client id -> the device the local backend runs it on: ``cuda`` where its ``gpus_per_client`` (the
+    section's, or its group's, :meth:`fedsim.config.ResourcesConfig.of_client`) is above 0, as a Ray client actor
+    with GPUs runs it; ``cpu`` otherwise, and for every client when CUDA is not available (said in one log line)."""
+    wanted = {
+        cid: config.resources.of_client(federation.info(cid).domain, federation.info(cid).role)[1] > 0
+        for cid in federation.client_ids
+    }
+    if any(wanted.values()) and not cuda_available():
+        log.warning(
+            "resources.gpus_per_client asks for a GPU but CUDA is not available here: the local backend runs every "
+            "client on the CPU"
+        )
+        return dict.fromkeys(wanted, "cpu")
+    return {cid: "cuda" if gpu else "cpu" for cid, gpu in wanted.items()}
+
+
+class LocalExecutor(Executor):
+    """Serial and deterministic: all clients live in this process (for debugging and tests), each on the device its
+    resources give it (:func:`local_devices`): one :class:`~fedsim.runtime.client_host.ClientHost` per device."""
+
+    def __init__(self, config, federation, device: Optional[str] = None):
+        """``device``: every client and the server half on it (a check's or a test's choice); None: as the
+        resources say."""
         super().__init__()
         from fedsim.runtime.client_host import ClientHost
 
-        self.host = ClientHost(config, federation, federation.client_ids, device="cpu")
+        devices = local_devices(config, federation) if device is None else dict.fromkeys(federation.client_ids, device)
+        self.hosts = {
+            device: ClientHost(config, federation, [cid for cid, d in devices.items() if d == device], device=device)
+            for device in sorted(set(devices.values()))
+        }
+        self._host_of = {cid: self.hosts[device] for cid, device in devices.items()}
+        server_gpu = config.resources.gpus_per_client > 0 and "cuda" in self.hosts
+        self.server_device = device or ("cuda" if server_gpu else "cpu")
+        """The device of the server half in this process (the centralized references train on it): ``cuda`` when
+        the section's ``gpus_per_client`` is above 0 and CUDA is available."""
+
+    @property
+    def host(self):
+        """The host of every client when they share one device (the usual case: one host)."""
+        if len(self.hosts) != 1:
+            raise AttributeError(f"the clients run on {sorted(self.hosts)}: use hosts[device]")
+        return next(iter(self.hosts.values()))
 
     def _dispatch(self, instructions: dict[int, Instruction], rnd: int, replay: bool) -> dict[int, Reply]:
-        """One host call for every client, as a Ray actor gets one call for the batch of its clients."""
-        replies = self.host.execute_batch(list(instructions.items()))
-        return {reply.client_id: reply for reply in replies}
+        """One host call per device for its clients, as a Ray actor gets one call for the batch of its clients."""
+        replies: dict[int, Reply] = {}
+        for host in self.hosts.values():
+            items = [(cid, ins) for cid, ins in instructions.items() if self._host_of[cid] is host]
+            if items:
+                replies.update((reply.client_id, reply) for reply in host.execute_batch(items))
+        return replies
 
     def export_client_states(self) -> dict:
-        return self.host.export_states()
+        return {cid: state for host in self.hosts.values() for cid, state in host.export_states().items()}
 
     def import_client_states(self, states: dict) -> None:
-        self.host.import_states(states)
+        for host in self.hosts.values():
+            host.import_states(states)

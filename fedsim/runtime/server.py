@@ -59,7 +59,8 @@ class Server:
         self.config = config
         self.federation = federation
         self.executor = executor
-        self.method = METHODS.get(config.method.name)(config, federation, device="cpu")
+        device = getattr(executor, "server_device", "cpu")  # the local backend's GPU; elsewhere the CPU
+        self.method = METHODS.get(config.method.name)(config, federation, device=device)
         self.state = self.method.init_server() if state is None else state
         self._restarts_seen = 0
         self._placement_recorded = False

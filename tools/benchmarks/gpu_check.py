@@ -36,7 +36,6 @@ from fedsim.api import checked_federation, make_config, run_experiment
 from fedsim.data.scenario import forget_domain_data, load_client_data
 from fedsim.errors import first_line
 from fedsim.runtime import LocalExecutor, Server, Simulator
-from fedsim.runtime.client_host import ClientHost
 
 ROOT = Path(__file__).resolve().parents[2]
 COMMON = ["run.tensorboard=false", "run.checkpoint_every=0", "run.progress=false"]
@@ -77,8 +76,7 @@ class DeviceExecutor(LocalExecutor):
     """The local backend's executor with every client on ``device`` (as a Ray client actor with GPUs runs them)."""
 
     def __init__(self, config, federation, device: str):
-        super().__init__(config, federation)
-        self.host = ClientHost(config, federation, federation.client_ids, device=device)  # in place of the CPU one
+        super().__init__(config, federation, device=device)
 
 
 def utilization_reader() -> tuple[str, Optional[Callable[[], float]]]:

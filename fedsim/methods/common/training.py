@@ -2,7 +2,8 @@
 
 On an accelerator the loops read nothing back to the host per batch: a split's arrays are copied to the device once
 per call (:func:`device_rows`), each epoch's batch order once per epoch, and losses and counts are summed on the
-device in float64 (the same sums as Python floats), read once when the call returns.
+device in float64 (the same sums as Python floats), read once when the call returns. Their forward passes run in
+the precision of the client operation (``run.precision``, :mod:`fedsim.methods.common.precision`).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from torch import nn
 
 from fedsim.data.base import ArraySplit
 from fedsim.messages import LocalSettings
+from fedsim.methods.common.precision import autocast, full
 from fedsim.optim import SGD, Optimizer
 
 CHUNK = 512
@@ -119,7 +121,8 @@ def epochs_loss(
         for idx in minibatches(len(x), batch_size, generator, x.device):
             xb, yb = x[idx].to(device), y[idx].to(device)
             optimizer.zero_grad(set_to_none=True)
-            loss = step_loss(model, xb, yb)
+            with autocast(device):
+                loss = step_loss(model, xb, yb)
             loss.backward()
             optimizer.step()
             total += loss.detach().double() * len(idx)
@@ -131,8 +134,11 @@ def epochs_loss(
 def encode_in_chunks(
     encode: Callable[[torch.Tensor], torch.Tensor], x: np.ndarray, device: torch.device, chunk: int = CHUNK
 ) -> torch.Tensor:
-    """``encode`` applied to ``x`` in chunks of ``chunk`` rows (bounded memory), concatenated on the CPU."""
-    return torch.cat([encode(torch.from_numpy(x[i : i + chunk]).to(device)).cpu() for i in range(0, len(x), chunk)])
+    """``encode`` applied to ``x`` in chunks of ``chunk`` rows (bounded memory), concatenated on the CPU; in the
+    operation's precision, the result in float32."""
+    with autocast(device):
+        parts = [full(encode(torch.from_numpy(x[i : i + chunk]).to(device))).cpu() for i in range(0, len(x), chunk)]
+    return torch.cat(parts)
 
 
 def evaluate_model(
@@ -154,7 +160,8 @@ def evaluation_sums(
     loss = torch.zeros((), dtype=torch.float64, device=device)
     for start in range(0, len(x), batch_size):
         xb, yb = x[start : start + batch_size].to(device), y[start : start + batch_size].to(device)
-        logits = model(xb)
+        with autocast(device):
+            logits = full(model(xb))
         loss += nn.functional.cross_entropy(logits, yb, reduction="sum").double()
         correct += (logits.argmax(1) == yb).sum()
     return correct, loss

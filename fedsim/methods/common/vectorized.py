@@ -13,7 +13,7 @@ equal the loop's within float rounding (batched products sum in another order; t
 ``resources.vectorize: auto`` uses it where it is faster (:func:`use_vectorized`): a method that declares a
 batched counterpart of an operation in its own class (``vectorized_operations``, never inherited), a model whose
 forward pass is a chain of ``Linear`` and ``ReLU`` layers (convolutions are slower batched on CPU and keep the
-loop), on CPU, for two clients or more in one call. ``off`` (the default) always runs the loop.
+loop), on CPU, in float32, for two clients or more in one call. ``off`` (the default) always runs the loop.
 """
 
 from __future__ import annotations
@@ -56,8 +56,12 @@ def vectorizable_model(model: nn.Module, device) -> bool:
 
 
 def use_vectorized(mode: str, method, operation: str, count: int) -> bool:
-    """Whether ``count`` clients' ``operation`` in one call run batched (``mode`` is ``resources.vectorize``)."""
+    """Whether ``count`` clients' ``operation`` in one call run batched (``mode`` is ``resources.vectorize``). Under
+    ``run.precision=bf16`` the loop runs (it holds the autocast of :mod:`fedsim.methods.common.precision`; the
+    batched products here compute in float32)."""
     if mode == "off" or count < 2 or operation not in vectorized_operations(method):
+        return False
+    if method.config.run.precision != "fp32":
         return False
     return bool(method.vectorizable(operation))
 

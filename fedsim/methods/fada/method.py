@@ -40,6 +40,7 @@ from fedsim.losses import dann_schedule
 from fedsim.messages import Instruction, Reply
 from fedsim.methods.base import Method, Replies, ServerState, client_operation
 from fedsim.methods.common.alignment import TARGET_FEATURES, encode_subset
+from fedsim.methods.common.precision import autocast
 from fedsim.methods.common.selection_hooks import ClassifierPredictor, selection_reply
 from fedsim.methods.common.training import (
     encode_in_chunks,
@@ -230,7 +231,8 @@ class FADA(Method):
         draw = torch.Generator().manual_seed(seed)
         batch = labeled_batch(data.train, method.batch_size, p.adversarial_steps, step - 1, draw, self.device)
         pick = torch.Generator().manual_seed(derive_seed(seed, step, "target-batch"))  # the target rows it meets
-        gradient, metrics = alignment.alternate(batch, weight, target, pick)
+        with autocast(self.device):
+            gradient, metrics = alignment.alternate(batch, weight, target, pick)
         if step == p.adversarial_steps:
             del state["alignment"]
         return self.source_reply(instruction, state, data, {FEATURE_GRAD: gradient}, metrics), state
@@ -244,9 +246,10 @@ class FADA(Method):
             state["align_optimizer"] = make_optimizer(net.encoder, method)  # G_t's, kept through the round's steps
             state["round_start"] = model_to_numpy(net)  # w_t before the alignment, for the consensus guard
         gradients, optimizer = instruction.tensors, state["align_optimizer"]
-        norm = align_generator(
-            net, data.train.x, gradients, count, instruction.seed, optimizer, method.batch_size, self.device
-        )
+        with autocast(self.device):
+            norm = align_generator(
+                net, data.train.x, gradients, count, instruction.seed, optimizer, method.batch_size, self.device
+            )
         if step == self.params.adversarial_steps:
             del state["align_optimizer"]
         return Reply(data.client_id, {}, {"feature_grad_norm": norm}, num_examples=len(data.train)), state
@@ -263,7 +266,7 @@ class FADA(Method):
         )
         generator = torch.Generator().manual_seed(instruction.seed)  # the batches and the MINE pairings
         fixed = contextlib.nullcontext() if p.disentangle_generator else preserved_buffers(net)  # G_i's statistics
-        with fixed:
+        with fixed, autocast(self.device):
             for xb, yb in labeled_batches(data.train, method.batch_size, p.disentangle_steps, generator, self.device):
                 objective.step(xb, yb, generator)
         return self.source_reply(instruction, state, data, {}, objective.metrics()), state

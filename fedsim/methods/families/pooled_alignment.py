@@ -19,6 +19,7 @@ import torch
 from fedsim.data.base import ArraySplit, ClientData
 from fedsim.messages import Instruction, Reply
 from fedsim.methods.base import ServerState, client_operation
+from fedsim.methods.common import precision
 from fedsim.methods.common.alignment import AlignmentObjective, alignment_optimizer, feature_dim, steps_per_epoch
 from fedsim.methods.common.batchnorm import reestimate_bn
 from fedsim.methods.common.classifier import GlobalClassifier
@@ -71,7 +72,8 @@ class CentralizedAlignment(AlignmentSchedule):
         )
         domain_loss.train()
         split, epochs = ArraySplit(pool["x"], pool["y"]), settings.local_epochs
-        train_epochs(model, split, epochs, settings.batch_size, optimizer, seed, self.device, step_loss=objective)
+        with precision.using(self.config.run.precision):
+            train_epochs(model, split, epochs, settings.batch_size, optimizer, seed, self.device, step_loss=objective)
         state = {**state, "weights": model_to_numpy(model), "domain_loss": model_to_numpy(domain_loss)}
         metrics = {
             **objective.metrics(),
