@@ -302,7 +302,11 @@ def test_bad_parameters(toy_overrides, image_overrides, caplog):
     assert "no dictionary is learned" in caplog.text
 
 
-def test_encoder_stage_then_standardized_features(image_overrides):
+@pytest.mark.parametrize("standardization", ["sources", "none", "all"])
+def test_encoder_stage_then_standardized_features(image_overrides, standardization):
+    """The encoded features' standardization: by default one mean and std per feature from the sources' sums (the
+    target's statistics unused); "none" leaves the encoder's features as they are (the authors' CWRU script);
+    "all" pools every client's sums, the target's included."""
     server, executor, federation = _server(
         image_overrides
         + SMALL
@@ -311,6 +315,7 @@ def test_encoder_stage_then_standardized_features(image_overrides):
             "method.samples_per_atom=30",
             "method.batch_size=15",
             "method.classifier_steps=20",
+            f"method.feature_standardization={standardization}",
         ]
     )
     first = server.run_round(1, evaluate=True)
@@ -318,22 +323,30 @@ def test_encoder_stage_then_standardized_features(image_overrides):
     encoder_weights = server.state["weights"]
     second = server.run_round(2, evaluate=True)
     assert second["stage"] == "dictionary"
-    assert executor.operations() == ["fit", "evaluate", "feature_stats", "dil", "evaluate"]
-    # the shared standardization is the pooled mean/std of every client's encoded training features
+    stats = [] if standardization == "none" else ["feature_stats"]
+    assert executor.operations() == ["fit", "evaluate", *stats, "dil", "evaluate"]
+    asked = [c for ins, _ in executor.calls if next(iter(ins.values())).operation == "feature_stats" for c in ins]
+    pooled_ids = federation.client_ids if standardization == "all" else federation.source_ids
+    assert sorted(asked) == ([] if standardization == "none" else sorted(pooled_ids))
     model = executor.host.private_state(federation.client_ids[0])["model"]
     load_numpy(model, encoder_weights)
-    with torch.no_grad():
-        train = [load_client_data(server.config.data, federation, c).train.x for c in federation.client_ids]
-        pooled = np.concatenate([model.eval().features(torch.from_numpy(x)).numpy() for x in train])
-    mean, std = mean_std(feature_stats(pooled))
+
+    def encoded(ids):
+        with torch.no_grad():
+            train = [load_client_data(server.config.data, federation, c).train.x for c in ids]
+            return np.concatenate([model.eval().features(torch.from_numpy(x)).numpy() for x in train])
+
     dil_payload = next(ins for ins, _ in executor.calls if next(iter(ins.values())).operation == "dil")
     payload = next(iter(dil_payload.values())).tensors
-    np.testing.assert_allclose(payload["feature_mean"], mean, rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(payload["feature_std"], std, rtol=1e-5, atol=1e-6)
-    standardized = np.concatenate(
-        [executor.host.private_state(c)["train_features"].numpy() for c in federation.client_ids]
-    )
-    np.testing.assert_allclose(standardized.mean(0), 0.0, atol=1e-4)
+    features = np.concatenate([executor.host.private_state(c)["train_features"].numpy() for c in pooled_ids])
+    if standardization == "none":
+        assert "feature_mean" not in payload and "feature_std" not in payload
+        np.testing.assert_allclose(features, encoded(pooled_ids), rtol=1e-5, atol=1e-6)  # as the encoder gives them
+    else:
+        mean, std = mean_std(feature_stats(encoded(pooled_ids)))
+        np.testing.assert_allclose(payload["feature_mean"], mean, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(payload["feature_std"], std, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(features.mean(0), 0.0, atol=1e-4)  # zero mean over the pooled clients
     assert server.state["atoms_x"].shape == (5, 30, 16)
 
 
@@ -354,11 +367,11 @@ def test_vector_inputs_learn_on_a_frozen_mlp_encoder(toy_overrides):
         assert server.run_round(rnd, evaluate=rnd == 3)["stage"] == "dictionary"
     assert server.state["atoms_x"].shape[-1] == 12
     assert all(np.array_equal(server.state["weights"][k], v) for k, v in encoder_weights.items())
-    features = np.concatenate([executor.host.private_state(c)["train_features"].numpy() for c in federation.client_ids])
+    features = np.concatenate([executor.host.private_state(c)["train_features"].numpy() for c in federation.source_ids])
     assert features.shape[1] == 12
     epochs = {ins.operation: ins.local.local_epochs for call, _ in executor.calls for ins in call.values()}
     assert epochs["fit"] == 2 and epochs["dil"] == 1  # the encoder's epochs apart from the dictionary's E
-    np.testing.assert_allclose(features.mean(0), 0.0, atol=1e-4)
+    np.testing.assert_allclose(features.mean(0), 0.0, atol=1e-4)  # standardized by the sources' statistics
 
 
 def test_dadil_alphas_live_in_the_server_state(toy_overrides):

@@ -147,17 +147,19 @@ def _feddadil(config) -> Exchanges:
     p = config.method.params
     combined = UNIFORM if p.aggregation == "avg" else EACH
     rows = "the whole dictionary" if p.exchange == "full" else "the round's mini-batch of rows of every atom"
+    standardization = p.feature_standardization  # "none": no sums travel; "all": the target's too
+    stats = Stage(
+        "feature_stats",
+        CLIENTS if standardization == "all" else SOURCES,
+        "count (an integer), sum and sum of squares of its encoded training features (d each): the encoded "
+        "features' standardization, once",
+        UNIFORM,
+        setup=True,
+        integers="the sample count",
+    )
     stages = (
         Stage("fit", SOURCES, f"encoder stage: {MODEL_UPDATE}", WEIGHTED),
-        Stage(
-            "feature_stats",
-            CLIENTS,
-            "count (an integer), sum and sum of squares of its encoded training features (d each): the encoded "
-            "features' standardization, once",
-            UNIFORM,
-            setup=True,
-            integers="the sample count",
-        ),
+        *((stats,) if standardization != "none" else ()),
         Stage(
             "dil",
             CLIENTS,

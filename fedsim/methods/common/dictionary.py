@@ -33,6 +33,8 @@ from fedsim.seeding import derive_seed
 
 EXCHANGES = ("minibatch", "full")
 AGGREGATIONS = ("random", "avg", "wbary")
+#: the values of ``method.feature_standardization``, the default first
+FEATURE_STANDARDIZATIONS = ("sources", "none", "all")
 #: label logit of an atom row's class at initialization (the rest 0): the authors' servers start the label logits
 #: as one-hot rows (DaDiLServer.initialize_params)
 INIT_LOGIT = 1.0
@@ -70,6 +72,10 @@ class DictionaryParams:
     barycenter_tol: float = 1e-9  # fixed point: squared move of the support below it (the code's tol, on its loss)
     encoder_rounds: int = -1  # FedAvg rounds of an encoder first (families/dictionary.py); -1: 0 vectors, 5 images
     encoder_epochs: int = 0  # local epochs of an encoder round; 0 = method.local_epochs (E: the dictionary's)
+    # the encoded features' standardization (families/dictionary.py): "sources" (one mean and std per feature from the
+    # source clients' sums, no target statistics), "none" (the authors' CWRU script: its line is commented out),
+    # "all" (pooled over every client, the target's included: an adaptation of its own, never a default)
+    feature_standardization: str = "sources"
     classifier_epochs: int = 100  # DaDiL-R / -E nets: the Caltech-Office script's epochs
     classifier_steps: int = 0  # > 0: that many mini-batch steps instead of classifier_epochs (short runs, tests)
     classifier_batch: int = 128  # the Caltech-Office script
@@ -82,6 +88,11 @@ class DictionaryParams:
             if getattr(self, name) not in allowed:
                 names = " | ".join(allowed)
                 raise UserError(f"method.{name} must be one of {names}, got {getattr(self, name)!r}")
+        if self.feature_standardization not in FEATURE_STANDARDIZATIONS:
+            raise UserError(
+                f"method.feature_standardization must be one of {' | '.join(FEATURE_STANDARDIZATIONS)}, "
+                f"got {self.feature_standardization!r}"
+            )
         if self.solver not in SOLVERS:
             raise UserError(f"method.solver must be 'emd', 'sinkhorn' or 'sinkhorn_log', got {self.solver!r}")
         positive = ("samples_per_atom", "barycenter_iterations", "eval_barycenter_iterations", "classifier_batch")

@@ -5,10 +5,13 @@ themselves. On raw-input benchmarks (images), and on vectors when ``encoder_roun
 where the authors learn the dictionary on the features of an MLP trained on the sources), the first
 ``encoder_rounds`` rounds are FedAvg rounds (McMahan et al. 2017, Alg. 1, composed from
 :mod:`fedsim.methods.common`) that train an encoder (the model's feature layers: ``model.hidden`` features) on the
-sources; the dictionary never updates it afterwards. In the first dictionary round every client sends the sums of
-its encoded training features (count, sum, sum of squares: no rows), the server combines them into one mean and
-standard deviation
-(:mod:`fedsim.data.normalization`), and every client encodes and standardizes its data once.
+sources; the dictionary never updates it afterwards. In the first dictionary round every client encodes its data
+once, standardized as ``method.feature_standardization`` says: "sources" (the default), the source clients send the
+sums of their encoded training features (count, sum, sum of squares: no rows) and the server combines them into one
+mean and standard deviation per feature (:mod:`fedsim.data.normalization`) that every client applies, the target's
+statistics never used; "none", the features as the encoder gives them (the authors' CWRU script, whose
+standardization line is commented out); "all", the sums of every client, the target's included (an adaptation of
+its own, reported as its own row).
 
 The server half lives in :class:`EncoderStage`; :class:`DictionaryMethod`, the base of FedDaDiL and DaDiL,
 declares the client operations (``fit``, ``evaluate``, ``feature_stats``) and passes them on.
@@ -60,7 +63,7 @@ def encoder_rounds(requested: int, federation) -> int:
 
 
 class EncoderStage:
-    """The encoder rounds and the standardized encoded features of every client."""
+    """The encoder rounds and the (standardized) encoded features of every client."""
 
     def __init__(self, host: Method, requested_rounds: int):
         self.host = host  # the dictionary method: its client sampling and per-round settings
@@ -173,11 +176,16 @@ class EncoderStage:
         return self.host.summarize_evaluation(ctx.round, replies)
 
     def feature_payload(self, ctx, state: ServerState) -> Tensors:
-        """In the first dictionary round: the encoder weights and the shared standardization (clients
-        ``feature_stats``); nothing otherwise."""
+        """In the first dictionary round: the encoder weights and, unless ``feature_standardization`` is "none",
+        the shared standardization from the sums of the source clients ("sources") or of every client ("all")
+        (clients ``feature_stats``); nothing otherwise."""
         if not self.uses_encoder or ctx.round != self.rounds + 1:
             return {}
-        replies = ctx.call("feature_stats", state["weights"], self.federation.client_ids)
+        how = self.host.params.feature_standardization
+        if how == "none":
+            return {"weights": state["weights"]}
+        clients = self.federation.client_ids if how == "all" else self.federation.source_ids
+        replies = ctx.call("feature_stats", state["weights"], clients)
         mean, std = mean_std(combine_stats(FeatureStats.from_tensors(r.tensors) for r in replies.values()))
         return {
             "weights": state["weights"],
@@ -217,8 +225,9 @@ class EncoderStage:
         when the encoder and the standardization arrive (first dictionary round), or on first use."""
         if "weights" in tensors:
             load_numpy(state["model"], tensors["weights"])
-            state["feature_mean"] = torch.tensor(np.asarray(tensors["feature_mean"]))
-            state["feature_std"] = torch.tensor(np.asarray(tensors["feature_std"]))
+            standardize = "feature_mean" in tensors
+            state["feature_mean"] = torch.tensor(np.asarray(tensors["feature_mean"])) if standardize else None
+            state["feature_std"] = torch.tensor(np.asarray(tensors["feature_std"])) if standardize else None
             state.pop("test_features", None)
         if "test_features" not in state:
             state["train_features"] = self.standardized(state, data.train.x)
@@ -227,8 +236,11 @@ class EncoderStage:
     def standardized(self, state: Any, x: np.ndarray) -> torch.Tensor:
         if not self.uses_encoder:
             return torch.from_numpy(x).float()
+        features = self.encode(state["model"], x)
+        if state.get("feature_mean") is None:  # feature_standardization "none"
+            return features
         # (x - mean) / std in float32 (normalization.standardize computes in float64 and rounds once)
-        return (self.encode(state["model"], x) - state["feature_mean"]) / state["feature_std"]
+        return (features - state["feature_mean"]) / state["feature_std"]
 
 
 class DictionaryMethod(Method):
