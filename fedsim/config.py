@@ -21,6 +21,7 @@ from typing import Any, ClassVar, Iterable, Mapping, Optional
 import yaml
 
 from fedsim.errors import UserError
+from fedsim.recipes import apply_recipe
 from fedsim.validation import bare_off, build_checked, check_task_pair, closest, split_method_keys, validate
 
 
@@ -196,6 +197,9 @@ class RunConfig:
     (source_accuracy and source_loss only with ``data.validation_fraction`` above 0); "none"; or a comma list of
     names (iwv and dev, on request only, add one exchange of feature moments to the evaluation). Detection methods
     report none."""
+    recipe: str = "auto"
+    """"auto": the keys of the method and benchmark's recipe that the config leaves unset take the recipe's values
+    (the paper protocol's settings, :mod:`fedsim.recipes`); "none": the bare defaults."""
     cache_dir: Optional[str] = None
     """Where stages that runs share are kept once computed (FedDaDiL's and DaDiL's encoder stage;
     :mod:`fedsim.methods.common.stage_cache`), keyed by all they depend on; the numbers, bytes included, are the
@@ -594,7 +598,9 @@ def build_config(raw: dict) -> ExperimentConfig:
     from fedsim.registry import METHODS, MODELS
 
     sections = _check_sections(raw)
-    method_cls = METHODS.get(str(sections.get("method", {}).get("name", MethodConfig.name)))
+    method_name = str(sections.get("method", {}).get("name", MethodConfig.name))
+    apply_recipe(sections, method_name, _benchmark_name(sections.get("data", {})))  # over config_defaults
+    method_cls = METHODS.get(method_name)
     _apply_method_defaults(method_cls, sections)
     data_raw = sections.setdefault("data", {})
     _resolve_target(data_raw)
