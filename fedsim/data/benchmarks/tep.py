@@ -76,7 +76,7 @@ import hashlib
 import logging
 import time
 from dataclasses import dataclass
-from typing import Optional
+from typing import Callable, Optional, Sequence
 
 import numpy as np
 
@@ -93,7 +93,7 @@ from fedsim.registry import BENCHMARKS
 logger = logging.getLogger(__name__)
 
 VERSION = "v1"  # bump whenever the generated snapshot data change, so old caches are not reused
-WINDOWS_VERSION = "w1"  # the same for the windows
+WINDOWS_VERSION = "w2"  # the same for the windows
 SNAPSHOT_FAULTS: tuple[str, ...] = ("idv_01", "idv_02", "idv_04", "idv_07", "idv_13")
 WINDOW_CLASSES: tuple[str, ...] = ("normal",) + tuple(f"idv_{i:02d}" for i in range(1, 29))
 VARIANTS: dict[str, tuple[str, ...]] = {
@@ -108,6 +108,7 @@ DEFAULT_SAMPLES_PER_CLASS = 200  # snapshot variants: train + test, per class an
 KEY_SPLIT = 1000  # + mode number
 KEY_SUBSAMPLE = 2000  # + mode number
 WINDOW_OPTIONS = ("windows_per_class", "window", "workers")
+WINDOW_ARRAYS = ("x", "window", "intensity", "shutdowns")  # a class's cache file
 SNAPSHOT_OPTIONS = ("samples_per_class",)
 
 
@@ -264,17 +265,19 @@ class TEPBenchmark(Benchmark):
     def window_timing(self, domain: str) -> tep_simulation.WindowTiming:
         return tep_simulation.WindowTiming(tep_simulation.SETTLE_HOURS[domain], length=self.window_length)
 
-    def cache_name(self, domain: str) -> str:
-        """Cache file stem: version, variant, size, seed, mode and a hash of every generation setting."""
+    def cache_name(self, domain: str, cls: Optional[str] = None) -> str:
+        """Cache file stem: version, variant, size, seed, mode and a hash of every generation setting; the windows are
+        cached per class (``cls``), so that a grid, a cluster and ``fedsim data prepare`` share them."""
         sim = tep_simulation
         seed = int(self.config.seed)
         if self.windows:
             timing = self.window_timing(domain)
-            settings = (self.classes, timing, sim.WINDOW_MEASUREMENTS, sim.WINDOW_MVS, sim.INTENSITIES, _tep_version())
-            return (
+            settings = (timing, sim.WINDOW_MEASUREMENTS, sim.WINDOW_MVS, sim.INTENSITIES, _tep_version())
+            stem = (
                 f"tep-{WINDOWS_VERSION}-windows-n{self.windows_per_class}-l{self.window_length}-seed{seed}-{domain}-"
                 f"{_digest(settings)}"
             )
+            return stem if cls is None else f"{stem}-{cls}"
         settings = (
             self.classes,
             sim.SETTLE_HOURS[domain],
@@ -285,48 +288,108 @@ class TEPBenchmark(Benchmark):
         )
         return f"tep-{VERSION}-{self.variant}-n{self.samples_per_class}-seed{seed}-{domain}-{_digest(settings)}"
 
+    def class_windows(
+        self,
+        domains: Sequence[str],
+        *,
+        map_chunks: Optional[Callable] = None,
+        workers: Optional[int] = None,
+        keep: bool = True,
+        progress: bool = True,
+    ) -> dict[tuple[str, str], dict[str, np.ndarray]]:
+        """The windows of every class of ``domains``, ``{(mode, class): arrays}`` (:data:`WINDOW_ARRAYS`): from the
+        cache, the missing classes simulated now (:func:`tep_simulation.simulate_classes`, its chunks handed to
+        ``map_chunks``, default ``workers`` processes: None takes ``data.workers``) and cached class by class.
+        ``keep=False`` (building the cache ahead of a run) returns only what could not be cached."""
+        for domain in domains:
+            check_domain("tep", domain, MODES)
+        found: dict[tuple[str, str], dict[str, np.ndarray]] = {}
+        needs: dict[str, list[str]] = {}
+        for domain in domains:
+            for cls in self.classes:
+                arrays = load_arrays(self.config.cache_dir, self.cache_name(domain, cls))
+                if arrays is not None and set(arrays) == set(WINDOW_ARRAYS):
+                    if keep:
+                        found[domain, cls] = arrays
+                else:
+                    needs.setdefault(domain, []).append(cls)
+        if not needs:
+            return found
+        _require_tep()
+        start = time.perf_counter()
+
+        def sink(mode: str, cls: str, windows: tep_simulation.ClassWindows) -> None:
+            arrays = {
+                "x": windows.x,
+                "window": windows.window,
+                "intensity": np.array(windows.intensity),
+                "shutdowns": np.array(windows.shutdowns, dtype=np.int64),
+            }
+            if cls not in needs[mode]:  # the normal class of a mode whose normal windows were cached already
+                return
+            saved = save_arrays(self.config.cache_dir, self.cache_name(mode, cls), arrays)
+            if keep or saved is None:
+                found[mode, cls] = arrays
+
+        tep_simulation.simulate_classes(
+            needs,
+            self.windows_per_class,
+            int(self.config.seed),
+            timings={m: self.window_timing(m) for m in needs},
+            map_chunks=map_chunks,
+            workers=self.options.workers if workers is None else workers,
+            progress=progress,
+            sink=sink,
+        )
+        logger.info(
+            "tep: simulated %d classes of %s (%d windows of %d steps a class at most) in %.1f s",
+            sum(len(c) for c in needs.values()),
+            ", ".join(needs),
+            self.windows_per_class,
+            self.window_length,
+            time.perf_counter() - start,
+        )
+        return found
+
     def raw_arrays(self, domain: str) -> dict[str, np.ndarray]:
         """All samples of one mode (before the split and scaling), from the cache or simulated now: ``x`` and
-        ``y``; windows also ``intensity`` and ``shutdowns`` per class (:func:`tep_simulation.simulate_windows`)."""
+        ``y``; windows also ``window`` (each window's onset index), and ``intensity`` and ``shutdowns`` per class."""
+        if self.windows:
+            parts = self.class_windows([domain])
+            parts = [parts[domain, cls] for cls in self.classes]
+            arrays = {
+                "x": np.concatenate([p["x"] for p in parts]),
+                "y": np.concatenate([np.full(len(p["x"]), i, dtype=np.int64) for i, p in enumerate(parts)]),
+                "window": np.concatenate([p["window"] for p in parts]),
+                "intensity": np.array([float(p["intensity"]) for p in parts]),
+                "shutdowns": np.array([int(p["shutdowns"]) for p in parts], dtype=np.int64),
+            }
+            reduced = [f"{c} {i:.0%}" for c, i in zip(self.classes[1:], arrays["intensity"][1:]) if i < 1.0]
+            logger.info(
+                "tep: %s: %d windows of %d steps, %d classes; %d shutdowns left out%s",
+                domain,
+                len(arrays["y"]),
+                self.window_length,
+                len(self.classes),
+                int(arrays["shutdowns"].sum()),
+                f"; reduced intensity: {', '.join(reduced)}" if reduced else "",
+            )
+            return arrays
         name = self.cache_name(domain)
-        keys = {"x", "y", "intensity", "shutdowns"} if self.windows else {"x", "y"}
         cached = load_arrays(self.config.cache_dir, name)
-        if cached is not None and set(cached) == keys:
+        if cached is not None and set(cached) == {"x", "y"}:
             return cached
         _require_tep()
         start = time.perf_counter()
-        seed = int(self.config.seed)
-        if self.windows:
-            x, y, intensity, shutdowns = tep_simulation.simulate_windows(
-                domain,
-                self.classes,
-                self.windows_per_class,
-                seed,
-                timing=self.window_timing(domain),
-                workers=self.options.workers,
-            )
-            arrays = {"x": x, "y": y, "intensity": intensity, "shutdowns": shutdowns}
-            reduced = [f"{c} {i:.0%}" for c, i in zip(self.classes[1:], intensity[1:]) if i < 1.0]
-            logger.info(
-                "tep: simulated %s (%d windows of %d steps, %d classes) in %.1f s; %d shutdowns discarded%s",
-                domain,
-                len(y),
-                self.window_length,
-                len(self.classes),
-                time.perf_counter() - start,
-                int(shutdowns.sum()),
-                f"; reduced intensity: {', '.join(reduced)}" if reduced else "",
-            )
-        else:
-            x, y = tep_simulation.simulate_mode(domain, self.classes, self.samples_per_class, seed)
-            arrays = {"x": x, "y": y}
-            logger.info(
-                "tep: simulated %s (%d samples, %d classes) in %.1f s",
-                domain,
-                len(y),
-                len(self.classes),
-                time.perf_counter() - start,
-            )
+        x, y = tep_simulation.simulate_mode(domain, self.classes, self.samples_per_class, int(self.config.seed))
+        arrays = {"x": x, "y": y}
+        logger.info(
+            "tep: simulated %s (%d samples, %d classes) in %.1f s",
+            domain,
+            len(y),
+            len(self.classes),
+            time.perf_counter() - start,
+        )
         save_arrays(self.config.cache_dir, name, arrays)
         return arrays
 

@@ -1,13 +1,14 @@
-"""Simulating one operating mode of the Tennessee Eastman process with ``tep-studio``.
+"""Simulating the operating modes of the Tennessee Eastman process with ``tep-studio``.
 
-Both kinds of data settle the plant in a mode, snapshot plant and controller, and branch
-from that snapshot with a noise stream of their own (the methods are described in
-:mod:`fedsim.data.benchmarks.tep`):
+The methods are described in :mod:`fedsim.data.benchmarks.tep`:
 
-* :func:`simulate_windows`: the windows benchmark, one branch per window (34 variables x
-  ``length`` samples), fault intensities falling back from 100 % when the plant shuts down;
-  the (mode, class) tasks run in worker processes;
-* :func:`simulate_mode`: the snapshot variants, one branch per class, 53 features a sample.
+* :func:`simulate_classes` / :func:`simulate_windows`: the windows benchmark (34 variables x ``length`` samples).
+  One fault-free run per mode, cut into consecutive windows (the normal class); window k of every fault branches
+  from the end of segment k, so each window starts from its own state; fault intensities fall back from 100 % as the
+  authors'. The plant and controller are advanced by compiled code (:mod:`fedsim.data.benchmarks.tep_compiled`,
+  bit-identical to tep-studio), in chunks of windows spread over processes or a Ray cluster (``map_chunks``).
+* :func:`simulate_mode`: the snapshot variants, one branch per class of a settled plant, 53 features a sample,
+  advanced by tep-studio itself (:class:`ControlledPlant`, also the reference the compiled loop is tested against).
 
 The times below are the defaults; tests pass shorter ones to check the mechanics cheaply.
 """
@@ -20,9 +21,10 @@ import os
 import struct
 from concurrent.futures import ProcessPoolExecutor
 from multiprocessing import get_context
-from typing import Optional, Sequence
+from typing import Callable, Iterable, Iterator, Optional, Sequence
 
 import numpy as np
+from tqdm.auto import tqdm
 
 from fedsim.errors import UserError
 
@@ -214,6 +216,21 @@ def simulate_mode(
     return x, np.concatenate(ys)
 
 
+def record_window(plant: ControlledPlant, idv: np.ndarray, what: str, length: int, per_sample: int) -> np.ndarray:
+    """One window (34 variables x ``length``) advanced by tep-studio itself: XMEAS(1..23) and the implemented
+    XMV(2..12) every ``per_sample`` control steps, the first sample ``per_sample`` steps after the start (the
+    reference :mod:`fedsim.data.benchmarks.tep_compiled` is tested against)."""
+    window = np.empty((NUM_WINDOW_VARIABLES, length), dtype=np.float64)
+    meas, mvs = list(WINDOW_MEASUREMENTS), list(WINDOW_MVS)
+    split = len(meas)
+    for i in range(length):
+        for _ in range(per_sample):
+            result = plant.step(idv, what)
+        window[:split, i] = result.measurements[meas]
+        window[split:, i] = result.implemented_action[mvs]
+    return window
+
+
 @dataclasses.dataclass(frozen=True)
 class WindowTiming:
     """The clock of the windows benchmark: settling, sampling and control intervals (hours), samples a window."""
@@ -234,90 +251,96 @@ class WindowTiming:
 
 @dataclasses.dataclass(frozen=True)
 class ClassWindows:
-    """The windows of one class in one mode: ``x`` float32 (count, 34, length), the intensity they were simulated
-    at (0 for normal operation) and the shutdowns met on the way (windows discarded, at any intensity)."""
+    """The windows of one class in one mode: ``x`` float32 (count, 34, length); ``window`` the index k of each
+    window's onset state (the end of the fault-free run's segment k); the intensity they were simulated at (0 for
+    normal operation); the windows that shut the plant down at any intensity tried (left out)."""
 
     x: np.ndarray
+    window: np.ndarray
     intensity: float
     shutdowns: int
 
 
-def settle_mode(mode: str, seed: int, timing: WindowTiming):
-    """The mode's plant run fault-free for ``timing.settle_hours``: (kernel seed, plant, controller, measurements)."""
-    settle_steps, _ = timing.step_counts()
+@dataclasses.dataclass(frozen=True)
+class Onset:
+    """The plant at the end of segment k of a mode's fault-free run: native snapshot, controller memories and the
+    last measurements (:meth:`CompiledPlant.snapshot`)."""
+
+    plant: object
+    memories: tuple
+    meas: np.ndarray
+
+
+def window_seed(seed: int, mode: str, cls: str, window: int, level: int) -> int:
+    """The noise stream of a faulty window: data.seed, mode, class, window index (its onset) and intensity level,
+    so that no window depends on the classes, window counts, chunks or workers around it."""
+    return odd_seed(seed, MODES.index(mode) + 1, KEY_WINDOW, CLASS_KEYS[cls], window, level)
+
+
+def _window_plant(mode: str, seed: int, timing: WindowTiming):
+    from fedsim.data.benchmarks.tep_compiled import CompiledPlant
+
     kernel_seed = odd_seed(seed, MODES.index(mode) + 1, KEY_KERNEL)
-    plant = ControlledPlant(mode, kernel_seed, timing.control_interval, TEP_STUDIO_MS_FLAG | SCALED_IDV_FLAG)
+    return kernel_seed, CompiledPlant(mode, kernel_seed, timing.control_interval, TEP_STUDIO_MS_FLAG | SCALED_IDV_FLAG)
+
+
+_MEAS_IDX = np.array(WINDOW_MEASUREMENTS, dtype=np.int64)
+_MV_IDX = np.array(WINDOW_MVS, dtype=np.int64)
+
+
+def fault_free_run(mode: str, count: int, seed: int, timing: WindowTiming) -> tuple[np.ndarray, list[Onset]]:
+    """The mode's fault-free run: settle ``timing.settle_hours``, then ``count`` consecutive windows (the normal
+    class, float32 (count, 34, length)) and the plant at the end of each (the onsets of the faulty windows)."""
+    settle_steps, per_sample = timing.step_counts()
+    _, plant = _window_plant(mode, seed, timing)
     normal = np.zeros(28, dtype=np.float64)
-    for _ in range(settle_steps):
-        plant.step(normal, "settling")
-    return (kernel_seed,) + plant.snapshot()
+    _, shutdown = plant.run(normal, settle_steps, 0, per_sample, _MEAS_IDX, _MV_IDX)
+    x = np.empty((count, NUM_WINDOW_VARIABLES, timing.length), dtype=np.float32)
+    onsets = []
+    for k in range(count):
+        if not shutdown:
+            rows, shutdown = plant.run(normal, 0, timing.length, per_sample, _MEAS_IDX, _MV_IDX)
+        if shutdown:
+            raise PlantShutdown(
+                f"TEP {mode}: the plant shut down at t={plant.time:.2f} h of its fault-free run "
+                f"({plant.shutdown_message()}); choose another data.seed"
+            )
+        x[k] = rows.T
+        onsets.append(Onset(*plant.snapshot()))
+    if not np.all(np.isfinite(x)):
+        raise RuntimeError(f"TEP {mode}: the simulation produced non-finite values")
+    return x, onsets
 
 
-def window_seed(seed: int, mode: str, cls: str, level: int, attempt: int) -> int:
-    """The noise stream of one window: data.seed, mode, class, intensity level and attempt (so no window depends on
-    the classes, workers or window counts around it)."""
-    return odd_seed(seed, MODES.index(mode) + 1, KEY_WINDOW, CLASS_KEYS[cls], level, attempt)
-
-
-def class_windows(mode: str, cls: str, count: int, seed: int, settled, timing: WindowTiming) -> ClassWindows:
-    """``count`` windows of one class, each a branch of the settled plant with its own noise stream.
-
-    A fault is switched on at the branch point at the highest intensity of :data:`INTENSITIES` the plant runs
-    through: a window that ends in a shutdown is discarded and another noise stream tried; once ``count`` windows
-    have shut down at an intensity, its windows are dropped and the next lower intensity is simulated. Normal
-    operation has no intensity to fall back on, so its shutdown is an error, as is a fault that trips the plant at
-    every intensity.
-    """
-    if cls not in CLASS_KEYS:
-        raise ValueError(f"unknown TEP class {cls!r}: use 'normal' or idv_01 ... idv_28")
-    kernel_seed, settled_plant, settled_controller, settled_meas = settled
+def faulty_windows(
+    mode: str, cls: str, level: int, windows: Sequence[int], onsets: Sequence[Onset], seed: int, timing: WindowTiming
+) -> list[Optional[np.ndarray]]:
+    """The windows ``windows`` of a fault at ``INTENSITIES[level]``, window k branched from ``onsets[i]`` (the end of
+    segment k) with its own noise stream: float32 (34, length) each, None where the plant shut down."""
     _, per_sample = timing.step_counts()
-    plant = ControlledPlant(mode, kernel_seed, timing.control_interval, TEP_STUDIO_MS_FLAG | SCALED_IDV_FLAG)
-    levels = (0.0,) if cls == "normal" else INTENSITIES
-    shutdowns = 0
-    for level, intensity in enumerate(levels):
-        idv = idv_vector(cls) * intensity
-        out = np.empty((count, NUM_WINDOW_VARIABLES, timing.length), dtype=np.float32)
-        done = failed = attempt = 0
-        while done < count and failed < count:
-            branch = reseeded(settled_plant, kernel_seed, window_seed(seed, mode, cls, level, attempt))
-            plant.restore(branch, settled_controller, settled_meas)
-            attempt += 1
-            try:
-                out[done] = record_window(plant, idv, f"class {cls}", timing.length, per_sample)
-            except PlantShutdown:
-                if cls == "normal":
-                    raise
-                failed += 1
-                continue
-            done += 1
-        shutdowns += failed
-        if done == count:
-            if not np.all(np.isfinite(out)):
-                raise RuntimeError(f"TEP {mode}, {cls}: the simulation produced non-finite values")
-            return ClassWindows(out, float(intensity), shutdowns)
-    raise UserError(
-        f"TEP {mode}: {cls} shuts the plant down at every intensity ({', '.join(f'{i:.0%}' for i in levels)}) "
-        f"within {timing.length * timing.sample_hours:g} h; choose another data.seed"
-    )
+    kernel_seed, plant = _window_plant(mode, seed, timing)
+    idv = idv_vector(cls) * INTENSITIES[level]
+    out: list[Optional[np.ndarray]] = []
+    for k, onset in zip(windows, onsets):
+        branch = reseeded(onset.plant, kernel_seed, window_seed(seed, mode, cls, k, level))
+        plant.restore(branch, onset.memories, onset.meas)
+        rows, shutdown = plant.run(idv, 0, timing.length, per_sample, _MEAS_IDX, _MV_IDX)
+        if shutdown:
+            out.append(None)
+            continue
+        window = rows.T.astype(np.float32)
+        if not np.all(np.isfinite(window)):
+            raise RuntimeError(f"TEP {mode}, {cls}: the simulation produced non-finite values")
+        out.append(window)
+    return out
 
 
-def record_window(plant: ControlledPlant, idv: np.ndarray, what: str, length: int, per_sample: int) -> np.ndarray:
-    """One window (34 variables x ``length``): XMEAS(1..23) and the implemented XMV(2..12) every ``per_sample``
-    control steps, the first sample ``per_sample`` steps after the branch point."""
-    window = np.empty((NUM_WINDOW_VARIABLES, length), dtype=np.float64)
-    meas, mvs = list(WINDOW_MEASUREMENTS), list(WINDOW_MVS)
-    split = len(meas)
-    for i in range(length):
-        for _ in range(per_sample):
-            result = plant.step(idv, what)
-        window[:split, i] = result.measurements[meas]
-        window[split:, i] = result.implemented_action[mvs]
-    return window
-
-
-def _class_task(args) -> ClassWindows:
-    return class_windows(*args)
+def run_task(task: tuple):
+    """One chunk of work: ``("normal", mode, count, seed, timing)`` (:func:`fault_free_run`) or
+    ``("fault", mode, cls, level, windows, onsets, seed, timing)`` (:func:`faulty_windows`)."""
+    if task[0] == "normal":
+        return fault_free_run(*task[1:])
+    return faulty_windows(*task[1:])
 
 
 def worker_count(workers: Optional[int], tasks: int) -> int:
@@ -330,6 +353,148 @@ def worker_count(workers: Optional[int], tasks: int) -> int:
     return max(1, min(int(workers), tasks))
 
 
+class ProcessMap:
+    """``map_chunks`` on this machine: the tasks in ``workers`` processes (None: one per core; 1: in this process),
+    started by multiprocessing's "spawn" method (the workers import numpy, numba and tep-studio afresh instead of
+    inheriting torch's threads through fork). Results come back in task order."""
+
+    def __init__(self, workers: Optional[int] = None) -> None:
+        self.workers = workers
+        self._pool: Optional[ProcessPoolExecutor] = None
+
+    def __call__(self, function: Callable, tasks: Sequence) -> Iterator:
+        count = worker_count(self.workers, len(tasks))
+        if count == 1:
+            return map(function, tasks)
+        if self._pool is None:
+            self._pool = ProcessPoolExecutor(
+                max_workers=worker_count(self.workers, 1 << 30), mp_context=get_context("spawn")
+            )
+        return self._pool.map(function, tasks)
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown()
+            self._pool = None
+
+    def __enter__(self) -> "ProcessMap":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def chunks(windows: Sequence[int], size: int) -> list[list[int]]:
+    return [list(windows[i : i + size]) for i in range(0, len(windows), size)]
+
+
+def simulate_classes(
+    needs: dict[str, Sequence[str]],
+    windows_per_class: int,
+    seed: int,
+    *,
+    timings: Optional[dict[str, WindowTiming]] = None,
+    map_chunks: Optional[Callable[[Callable, Sequence], Iterable]] = None,
+    workers: Optional[int] = None,
+    chunk_windows: Optional[int] = None,
+    progress: bool = True,
+    sink: Optional[Callable[[str, str, ClassWindows], None]] = None,
+) -> dict[tuple[str, str], ClassWindows]:
+    """The windows of the classes ``needs[mode]`` of each mode: ``{(mode, class): ClassWindows}``.
+
+    Per mode, one fault-free run gives the normal windows (consecutive segments, so that they continue one another)
+    and the onsets; window k of every IDV branches from the end of segment k, its fault switched on there. A fault
+    runs at the highest of :data:`INTENSITIES` at which at least one of its windows runs through, and the windows
+    that shut the plant down at that intensity are left out (the authors' rule for Reinartz et al.'s runs); a fault
+    that trips the plant in every window at every intensity is an error. The normal class is always returned for a
+    mode with needs (its run is needed for the onsets).
+
+    The work is cut into chunks of at most ``chunk_windows`` windows of one (mode, class, intensity), the fault-free
+    runs first (one per mode), and handed to ``map_chunks(run_task, tasks)``, which returns the results in task
+    order: by default a :class:`ProcessMap` of ``workers`` processes; ``fedsim.actors.tep_tasks`` passes one that
+    runs Ray tasks. The arrays depend on neither the chunks nor the workers. ``sink(mode, class, windows)``, when
+    given, receives each class as soon as it is complete (then nothing is kept and the result is empty), so that a
+    large build is written out class by class; a tqdm bar counts the windows (``progress``).
+    """
+    modes = [m for m in MODES if needs.get(m)]
+    for mode in needs:
+        if mode not in MODES:
+            raise ValueError(f"unknown TEP mode {mode!r}")
+        unknown = [c for c in needs[mode] if c not in CLASS_KEYS]
+        if unknown:
+            raise ValueError(f"unknown TEP classes {unknown}: use 'normal' or idv_01 ... idv_28")
+    if windows_per_class < 1:
+        raise ValueError("windows per class must be positive")
+    timings = {m: (timings or {}).get(m) or WindowTiming(SETTLE_HOURS[m]) for m in modes}
+    faults = {m: [c for c in dict.fromkeys(needs[m]) if c != "normal"] for m in modes}
+    total = sum(windows_per_class * (1 + len(faults[m])) for m in modes)
+    owned = map_chunks is None
+    mapper = map_chunks or ProcessMap(workers)
+    if chunk_windows is None:
+        cores = worker_count(workers, 1 << 30)
+        chunk_windows = max(1, -(-sum(len(f) for f in faults.values()) * windows_per_class // (4 * cores)))
+    bar = tqdm(total=total, desc="tep windows", unit="window", disable=None if progress else True)
+    results: dict[tuple[str, str], ClassWindows] = {}
+
+    def finish(mode: str, cls: str, windows: ClassWindows) -> None:
+        if sink is None:
+            results[mode, cls] = windows
+        else:
+            sink(mode, cls, windows)
+
+    try:
+        normal_tasks = [("normal", m, windows_per_class, seed, timings[m]) for m in modes]
+        onsets = {}
+        for mode, (x, mode_onsets) in zip(modes, mapper(run_task, normal_tasks)):
+            onsets[mode] = mode_onsets
+            bar.update(windows_per_class)
+            finish(mode, "normal", ClassWindows(x, np.arange(windows_per_class, dtype=np.int64), 0.0, 0))
+        pending = [(m, c) for m in modes for c in faults[m]]
+        shutdowns = {key: 0 for key in pending}
+        for level in range(len(INTENSITIES)):
+            if not pending:
+                break
+            tasks, owners = [], []
+            for mode, cls in pending:
+                for part in chunks(range(windows_per_class), chunk_windows):
+                    part_onsets = [onsets[mode][k] for k in part]
+                    tasks.append(("fault", mode, cls, level, part, part_onsets, seed, timings[mode]))
+                    owners.append((mode, cls, part))
+            left = {key: -(-windows_per_class // chunk_windows) for key in pending}
+            got: dict[tuple[str, str], list] = {key: [] for key in pending}
+            retry = []
+            for (mode, cls, part), windows in zip(owners, mapper(run_task, tasks)):
+                got[mode, cls].extend((k, w) for k, w in zip(part, windows) if w is not None)
+                bar.update(len(part))
+                left[mode, cls] -= 1
+                if left[mode, cls]:
+                    continue
+                kept = got.pop((mode, cls))  # every chunk of the class is in: finish it (windows in onset order)
+                shutdowns[mode, cls] += windows_per_class - len(kept)
+                if not kept:
+                    retry.append((mode, cls))
+                    continue
+                x = np.stack([w for _, w in kept])
+                index = np.array([k for k, _ in kept], dtype=np.int64)
+                finish(mode, cls, ClassWindows(x, index, float(INTENSITIES[level]), shutdowns[mode, cls]))
+            if retry and level + 1 < len(INTENSITIES):
+                bar.total += windows_per_class * len(retry)
+                bar.refresh()
+            pending = retry
+        if pending:
+            mode, cls = pending[0]
+            length = timings[mode].length * timings[mode].sample_hours
+            raise UserError(
+                f"TEP {mode}: {cls} shuts the plant down in every window at every intensity "
+                f"({', '.join(f'{i:.0%}' for i in INTENSITIES)}) within {length:g} h; choose another data.seed"
+            )
+    finally:
+        bar.close()
+        if owned:
+            mapper.close()
+    return results
+
+
 def simulate_windows(
     mode: str,
     classes: Sequence[str],
@@ -338,30 +503,28 @@ def simulate_windows(
     *,
     timing: Optional[WindowTiming] = None,
     workers: Optional[int] = None,
+    map_chunks: Optional[Callable[[Callable, Sequence], Iterable]] = None,
+    progress: bool = True,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Simulate the windows of one mode: ``(x, y, intensity, shutdowns)``.
+    """The windows of one mode (:func:`simulate_classes`): ``(x, y, intensity, shutdowns)``.
 
-    ``x`` is float32 (len(classes) * windows_per_class, 34, length), grouped by class in ``classes`` order; ``y[i]``
-    is the index of the window's class; ``intensity`` and ``shutdowns`` hold one value per class
-    (:class:`ClassWindows`). The plant settles once in this process, then the (mode, class) tasks run in
-    ``workers`` processes (None: one per core, 1: in this process); the arrays do not depend on the workers.
+    ``x`` is float32 (windows, 34, length), grouped by class in ``classes`` order and by onset within a class; ``y[i]``
+    is the index of the window's class; ``intensity`` and ``shutdowns`` hold one value per class.
     """
     if mode not in MODES:
         raise ValueError(f"unknown TEP mode {mode!r}")
-    if windows_per_class < 1:
-        raise ValueError("windows per class must be positive")
-    timing = timing or WindowTiming(SETTLE_HOURS[mode])
-    settled = settle_mode(mode, seed, timing)
-    tasks = [(mode, cls, windows_per_class, seed, settled, timing) for cls in classes]
-    count = worker_count(workers, len(tasks))
-    if count == 1:
-        results = [_class_task(task) for task in tasks]
-    else:
-        # spawn: the workers import numpy and tep-studio afresh instead of inheriting torch's threads through fork
-        with ProcessPoolExecutor(max_workers=count, mp_context=get_context("spawn")) as pool:
-            results = list(pool.map(_class_task, tasks))
-    x = np.concatenate([r.x for r in results])
-    y = np.repeat(np.arange(len(classes), dtype=np.int64), windows_per_class)
-    intensity = np.array([r.intensity for r in results], dtype=np.float64)
-    shutdowns = np.array([r.shutdowns for r in results], dtype=np.int64)
+    result = simulate_classes(
+        {mode: list(classes)},
+        windows_per_class,
+        seed,
+        timings={mode: timing} if timing else None,
+        map_chunks=map_chunks,
+        workers=workers,
+        progress=progress,
+    )
+    parts = [result[mode, cls] for cls in classes]
+    x = np.concatenate([p.x for p in parts])
+    y = np.concatenate([np.full(len(p.x), i, dtype=np.int64) for i, p in enumerate(parts)])
+    intensity = np.array([p.intensity for p in parts], dtype=np.float64)
+    shutdowns = np.array([p.shutdowns for p in parts], dtype=np.int64)
     return x, y, intensity, shutdowns
