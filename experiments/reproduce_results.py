@@ -1,7 +1,8 @@
 """The results of `fedsim reproduce`: trial records -> the results table (one line per row x target x seed,
 ``results.csv``, read back by :func:`read_results_csv`), ``table.md`` (mean ± sample std over seeds),
-``claims.md`` (each claim checked on the seeds' paired differences, see :func:`check_claim`) and, for a spec with
-``select:``, the selection among runs without target labels (:func:`write_selection_report`).
+``claims.md`` (each claim checked on the seeds' paired differences with a sign test and a paired t-test, see
+:func:`check_claim`) and, for a spec with ``select:``, the selection among runs without target labels
+(:func:`write_selection_report`).
 
 A row's metric is a reference into its run's results:
 
@@ -14,6 +15,7 @@ A row's metric is a reference into its run's results:
 from __future__ import annotations
 
 import csv
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
@@ -22,7 +24,7 @@ import numpy as np
 from fedsim.errors import UserError
 from fedsim.experiments.grouping import format_mean_std, mean_std
 from fedsim.experiments.reproduce_format import DEFAULT_METRICS
-from fedsim.experiments.reproduce_spec import Claim, PaperSpec
+from fedsim.experiments.reproduce_spec import Claim, PaperSpec, default_run
 from fedsim.experiments.selection import SCORE_PREFIX, SelectionRow, check_scores, mean_over, select, write_selection
 
 REDUCERS = {
@@ -258,26 +260,77 @@ def paired_differences(
     return differences, unpaired
 
 
+#: the one-sided p-value at or under which a pair's seeds separate an order (:func:`strength`)
+ALPHA = 0.05
+#: a paired difference within this of 0 is a tie (the same accuracy on both rows, up to float rounding)
+TIE = 1e-12
+
+
 def _favours(difference: float, strict: bool) -> bool:
-    """Whether one paired difference is in the claim's favour: above 0, or at or above 0 for a ``strict: false``
-    claim."""
-    return difference > 0 if strict else difference >= 0
+    """Whether one paired difference is in the claim's favour: above 0, or at or above 0 (a tie) for a
+    ``strict: false`` claim."""
+    return difference > TIE if strict else difference >= -TIE
+
+
+@dataclass
+class Strength:
+    """The paired differences of one pair, and how strongly they separate its order (:func:`strength`)."""
+
+    mean: Optional[float]
+    std: Optional[float]  # sample std; None below two differences
+    n: int
+    favour: int  # differences in the claim's favour (:func:`_favours`)
+    against: int  # differences below 0: in favour of the reverse order
+    p_sign: float  # one-sided p of the exact sign test for the claim's order
+    p_t: Optional[float]  # one-sided p of the paired t-test for the claim's order; None: one difference or no spread
+    p_sign_reverse: float  # the same two for the reverse order
+    p_t_reverse: Optional[float]
+
+
+def _sign_p(count: int, n: int) -> float:
+    """P(at least ``count`` of ``n`` fair coins in favour): the exact one-sided sign test."""
+    from scipy.stats import binomtest  # scipy.stats takes most of a second to import: only when judging
+
+    return float(binomtest(count, n, 0.5, alternative="greater").pvalue) if n else 1.0
+
+
+def strength(differences: list[float], strict: bool = True) -> Strength:
+    """Mean, std, n of the paired differences and two one-sided p-values for each order. The exact sign test: the
+    chance that at least as many of the n seeds favour the order if each were a fair coin (a tie is kept in n: in
+    favour of a ``strict: false`` claim, whose order includes it, and against a strict claim and the reverse order,
+    which it does not meet; the usual sign test drops ties, which would let a strict claim win on the seeds it does
+    not tie). The paired t-test: the mean over its standard error against Student's t with n - 1 degrees of freedom
+    (none with one difference or differences without spread)."""
+    mean, std, n = mean_std(differences)
+    favour = sum(_favours(d, strict) for d in differences)
+    against = sum(d < -TIE for d in differences)
+    p_t = p_t_reverse = None
+    if std is not None and std > TIE:
+        from scipy.stats import t as student_t
+
+        statistic = mean / (std / np.sqrt(n))
+        p_t, p_t_reverse = float(student_t.sf(statistic, n - 1)), float(student_t.cdf(statistic, n - 1))
+    return Strength(mean, std, n, favour, against, _sign_p(favour, n), p_t, _sign_p(against, n), p_t_reverse)
+
+
+def _reaches(p_sign: float, p_t: Optional[float]) -> bool:
+    return p_sign <= ALPHA or (p_t is not None and p_t <= ALPHA)
 
 
 def judge(differences: list[float], strict: bool = True) -> str:
-    """The verdict on one pair's paired differences (in the claim's favour when positive): **holds** when every
-    difference is in its favour (above 0; at or above 0 for a ``strict: false`` claim) or their mean exceeds their
-    sample standard deviation; **does not hold** when every difference is below 0 or minus their mean exceeds their
-    std (the seeds separate the reverse order); otherwise **within the spread**. One difference has no std: only its
-    sign counts (a tie under a strict claim is within the spread). No difference: not measurable."""
-    mean, std, n = mean_std(differences)
-    if n == 0:
+    """The verdict on one pair's paired differences (in the claim's favour when positive), from :func:`strength`:
+    **holds** when the sign test or the paired t-test gives the claim's order a one-sided p of at most 0.05
+    (:data:`ALPHA`); **does not hold** when one of them does so for the reverse order; otherwise, or when both
+    orders reach it (the two tests disagree), **within the spread**. Every seed in favour is the sign test's
+    p = 2^-n: 0.031 from 5 seeds on, 0.125 at 3, so "every seed in favour from 5 seeds" is inside this rule and
+    fewer seeds need the t-test's strength. One difference can reach neither (sign p 0.5, no t). No difference:
+    not measurable."""
+    if not differences:
         return UNMEASURABLE
-    favours = all(_favours(d, strict) for d in differences) or (std is not None and mean > std)
-    if favours:
-        return HOLDS
-    if all(d < 0 for d in differences) or (std is not None and -mean > std):
-        return REVERSED
+    s = strength(differences, strict)
+    holds, reversed_ = _reaches(s.p_sign, s.p_t), _reaches(s.p_sign_reverse, s.p_t_reverse)
+    if holds != reversed_:
+        return HOLDS if holds else REVERSED
     return SPREAD
 
 
@@ -285,16 +338,22 @@ def _seeds(seeds: list) -> str:
     return f"seed{'s' if len(seeds) > 1 else ''} {', '.join(str(s) for s in seeds)}"
 
 
+def _p(p_sign: float, p_t: Optional[float]) -> str:
+    return f"sign {p_sign:.3g}, t {'n/a' if p_t is None else f'{p_t:.3g}'}"
+
+
 def pair_text(differences: dict, unpaired: dict, strict: bool = True) -> str:
-    """``+0.012 ± 0.004 (3/3 pairs in favour)``; one pair: ``+0.012 (1/1 pair in favour; one pair: no spread)``;
-    seeds left out named after the count (``; seeds 3, 4 unpaired: no fada-III on mnistm``)."""
+    """``+0.012 ± 0.004 (n = 3, 3/3 in favour; one-sided p: sign 0.125, t 0.0328)``: mean ± sample std, count,
+    how many favour the claim and :func:`strength`'s p-values for the claim's order; those of the reverse order
+    after them when the mean is below 0 (``; reverse: sign 0.0312, t 0.002``); one pair has no std and no t;
+    seeds left out named after them (``; seeds 3, 4 unpaired: no fada-III on mnistm``)."""
     d = list(differences.values())
-    favour = sum(_favours(x, strict) for x in d)
-    if len(d) > 1:
-        mean, std, _ = mean_std(d)
-        text = f"{mean:+.3f} ± {std:.3f} ({favour}/{len(d)} pairs in favour"
-    elif d:
-        text = f"{d[0]:+.3f} ({favour}/1 pair in favour; one pair: no spread"
+    if d:
+        s = strength(d, strict)
+        spread = "" if s.std is None else f" ± {s.std:.3f}"
+        text = f"{s.mean:+.3f}{spread} (n = {s.n}, {s.favour}/{s.n} in favour; one-sided p: {_p(s.p_sign, s.p_t)}"
+        if s.mean < -TIE:
+            text += f"; reverse: {_p(s.p_sign_reverse, s.p_t_reverse)}"
     else:
         text = "(no seed with both rows"
     by_lack: dict[tuple, list] = {}
@@ -356,8 +415,8 @@ def check_claim(spec: PaperSpec, lines: list[dict], claim: Claim) -> list[tuple[
     when some pair's seeds separate the reverse order, **within the spread** otherwise; **not measurable** when a
     trial it needs failed or did not finish (named with its error), a row has no value on a target it needs, no seed
     has both rows of a pair, or the benchmark is not in the grid. The figures: each row's mean over seeds (then over
-    the targets), then each pair's paired difference (mean ± sample std over the seeds, how many favour the claim,
-    the seeds left out for want of a pair)."""
+    the targets), then each pair's paired differences (:func:`pair_text`: mean ± sample std over the seeds, n, how
+    many favour the claim, the one-sided p-values of :func:`strength`, the seeds left out for want of a pair)."""
     results = []
     for bench in [claim.benchmark] if claim.benchmark else list(spec.benchmarks):
         if bench not in spec.benchmarks:
@@ -370,12 +429,17 @@ def check_claim(spec: PaperSpec, lines: list[dict], claim: Claim) -> list[tuple[
 
 
 CLAIMS_RULE = (
-    "Beside the figures, each pair of a row and a row it is claimed above: the paired difference, at each seed the "
-    "upper row minus the lower on the same target and seed (averaged over the targets named), as mean ± sample std "
-    "over the seeds, with how many seeds favour the claim (at or above: a tie does). A claim **holds** when, for "
-    "every pair, all differences favour it or their mean exceeds their std; it **does not hold** when, for some "
-    "pair, all differences go the other way or minus their mean exceeds their std; otherwise it is **within the "
-    "spread**. With one seed only the sign counts; a seed without both rows is left out and named."
+    "Beside the figures, each pair of a row and a row it is claimed above: the paired differences, at each seed the "
+    "upper row minus the lower on the same target and seed (averaged over the targets named), as mean ± sample std, "
+    "their number n, how many favour the claim (above 0; for an 'at or above' claim, strict: false, a tie too) and "
+    "two one-sided p-values for the claim's order: the exact sign test (the chance of at least that many in favour "
+    "if each seed were a fair coin; a tie stays in n, against a strict claim's order and the reverse order, for an "
+    "'at or above' claim) and the paired t-test (n - 1 degrees of freedom; n/a with one seed or no spread); those "
+    "of the reverse order follow where the mean is below 0. A pair's order is separated when either p is at most "
+    "0.05: every seed in favour reaches that by the sign test from 5 seeds on (p = 0.031), not at 3 (0.125) or 4 "
+    "(0.062), where the t-test must. A claim **holds** when every pair's order is separated; it **does not hold** "
+    "when some pair's reverse order is; otherwise (the two tests separating opposite orders included) it is "
+    "**within the spread**. A seed without both rows is left out and named."
 )
 
 
@@ -461,7 +525,7 @@ def choose_runs(spec: PaperSpec, trials: list[dict]) -> list[SelectionRow]:
             ({**t, "params": {"group": group.name, **t["params"]}} for t in trials if t["params"]["run"] in order),
             key=lambda t: order[t["params"]["run"]],
         )
-        default = {"run": group.default} if group.default else None
+        default = default_run(spec, group)  # the run a plain run of the method matches, per benchmark and target
         per_target = select(members, spec.select.scores, ["group", "benchmark", "target"], ["run"], default)
         for bench, settings in spec.benchmarks.items():
             on_bench = [r for r in per_target if dict(r.group)["benchmark"] == bench]

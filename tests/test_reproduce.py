@@ -3,6 +3,7 @@ bad input is one line (exit 2, nothing written), and one protocol runs end to en
 
 import csv
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,7 @@ from fedsim.errors import UserError
 from fedsim.experiments.cli import main
 from fedsim.experiments.reproduce import STATE_FILE, output_names
 from fedsim.experiments.reproduce_results import (
+    Strength,
     check_claim,
     claims_text,
     judge,
@@ -18,6 +20,7 @@ from fedsim.experiments.reproduce_results import (
     paired_differences,
     read_results_csv,
     results_rows,
+    strength,
     table,
     write_results_csv,
 )
@@ -173,48 +176,54 @@ def test_results_table_and_claims_from_records():
             "npz, mean over dom1, dom2: a 0.600 vs b 0.500; needs trial b-dom2-1 (b, dom2, seed 1), which failed",
         )
     ]
-    assert verdicts["a at least b and c on dom1"] == [  # a - c is +0.1 and -0.1: within the spread
+    assert verdicts["a at least b and c on dom1"] == [  # a - b: 0 (a tie: in favour), +0.2; a - c: -0.1, +0.1
         (
             "within the spread",
             "npz, target dom1: a 0.700 vs b 0.600, c 0.700; paired by seed: "
-            "a over b +0.100 ± 0.141 (2/2 pairs in favour), a over c +0.000 ± 0.141 (1/2 pairs in favour)",
+            "a over b +0.100 ± 0.141 (n = 2, 2/2 in favour; one-sided p: sign 0.25, t 0.25), "  # t = 1, 1 dof
+            "a over c +0.000 ± 0.141 (n = 2, 1/2 in favour; one-sided p: sign 0.75, t 0.5)",
         )
     ]
     assert [v for v, _ in verdicts["c above a on each target"]] == ["within the spread", "not measurable"]
     assert verdicts["b's loss above a's"][0][0] == "not measurable"
 
 
-def test_at_least_claims_accept_ties():
+def test_ties_count_for_an_at_least_claim_and_against_a_strict_one():
     spec = PaperSpec("toy", SPEC, Path("."))
-    records = [_record(spec, run, "dom1", seed, 0.7, [1.0]) for run in ("a", "b", "c") for seed in (0, 1)]
+    records = [_record(spec, run, "dom1", seed, 0.7, [1.0]) for run in ("a", "b", "c") for seed in range(5)]
     claim = next(c for c in spec.claims if c.text == "a at least b and c on dom1")
-    assert check_claim(spec, results_rows(spec, records), claim) == [
+    assert check_claim(spec, results_rows(spec, records), claim) == [  # 5 ties of 5 in favour: p = 1/32
         (
             "holds",
             "npz, target dom1: a 0.700 vs b 0.700, c 0.700; paired by seed: "
-            "a over b +0.000 ± 0.000 (2/2 pairs in favour), a over c +0.000 ± 0.000 (2/2 pairs in favour)",
+            "a over b +0.000 ± 0.000 (n = 5, 5/5 in favour; one-sided p: sign 0.0312, t n/a), "
+            "a over c +0.000 ± 0.000 (n = 5, 5/5 in favour; one-sided p: sign 0.0312, t n/a)",
         )
     ]
+    records = [r for r in records if r["params"]["seed"] < 3]  # 3 ties of 3: p = 1/8
+    assert check_claim(spec, results_rows(spec, records), claim)[0][0] == "within the spread"
     strict = next(c for c in spec.claims if c.text == "a above b")  # ties under a strict claim: no side wins
     assert check_claim(spec, results_rows(spec, records), strict)[0][0] == "not measurable"  # a has no dom2
-    assert judge([0.0, 0.0]) == "within the spread"
+    assert judge([0.0] * 5) == "within the spread"
+    assert strength([0.0] * 5) == Strength(0.0, 0.0, 5, 0, 0, 1.0, None, 1.0, None)
 
 
 @pytest.mark.parametrize(
     "differences, strict, verdict",
     [
-        ([0.001, 0.030, 0.002], True, "holds"),  # all in favour, the mean (0.011) under the std (0.016)
-        ([0.2, 0.2, -0.01], True, "holds"),  # one against, the mean (0.13) above the std (0.121)
-        ([0.02, -0.03, 0.01], True, "within the spread"),  # mixed, the mean (0) under the std
-        ([0.1, 0.1, -0.1], True, "within the spread"),  # mean 0.033 < std 0.115
-        ([-0.01, -0.02, -0.015], True, "does not hold"),  # the seeds separate the reverse order
-        ([-0.2, -0.2, 0.01], True, "does not hold"),  # one in favour, minus the mean above the std
-        ([0.01], True, "holds"),  # one pair: its sign
-        ([-0.01], True, "does not hold"),
-        ([0.0], True, "within the spread"),
-        ([0.0], False, "holds"),  # at or above: a tie is in favour
-        ([0.0, 0.0, 0.0], False, "holds"),
-        ([-0.01, 0.0, 0.0], False, "within the spread"),
+        ([0.001, 0.030, 0.002], True, "within the spread"),  # all 3 in favour: sign p = 1/8; t p = 0.18
+        ([0.001, 0.030, 0.002, 0.05], True, "within the spread"),  # all 4: sign p = 1/16; t p = 0.089
+        ([0.001, 0.030, 0.002, 0.05, 0.001], True, "holds"),  # all 5: sign p = 1/32
+        ([0.02, 0.03, 0.025], True, "holds"),  # 3 seeds, the t-test's p = 0.0065 (test_the_t_test_by_hand)
+        ([0.2, 0.2, -0.01], True, "within the spread"),  # mean 0.13 over std 0.121: t p = 0.10
+        ([-0.02, -0.03, -0.025], True, "does not hold"),  # the reverse order at the same strength
+        ([-0.01] * 5, False, "does not hold"),  # 5 below 0: sign p = 1/32 for the reverse order
+        ([0.001, 0.0, 0.002, 0.001, 0.05], True, "within the spread"),  # a tie is against a strict claim: 4/5
+        ([0.001, 0.0, 0.002, 0.001, 0.05], False, "holds"),  # and for an at-least claim: 5/5
+        ([0.0] * 5, True, "within the spread"),  # ties favour neither a strict claim nor its reverse
+        ([0.01], True, "within the spread"),  # one seed: sign p = 1/2, no t
+        ([-0.01], True, "within the spread"),
+        ([-0.001] * 15 + [0.1] * 5, True, "within the spread"),  # sign p = 0.021 reversed, t p = 0.013 in favour
         ([], True, "not measurable"),
     ],
 )
@@ -222,10 +231,22 @@ def test_the_verdict_rule(differences, strict, verdict):
     assert judge(differences, strict) == verdict
 
 
+def test_the_t_test_by_hand():
+    """mean 0.025, std 0.005, n 3: t = 0.025 / (0.005 / sqrt 3) = 5 sqrt 3; with 2 degrees of freedom
+    P(T >= t) = (1 - t / sqrt(t^2 + 2)) / 2 = (1 - sqrt(75 / 77)) / 2."""
+    s = strength([0.02, 0.03, 0.025])
+    assert (s.mean, s.std, s.n, s.favour, s.against) == (pytest.approx(0.025), pytest.approx(0.005), 3, 3, 0)
+    assert s.p_t == pytest.approx((1 - math.sqrt(75 / 77)) / 2, rel=1e-9)  # 0.00654
+    assert s.p_t_reverse == pytest.approx(1 - s.p_t, rel=1e-9)
+    assert (s.p_sign, s.p_sign_reverse) == (0.125, 1.0)  # 3 of 3 in favour; none below 0: P(at least 0) = 1
+    s = strength([0.1, 0.3, -0.1, 0.2, 0.0], strict=True)  # sign: 3 of 5, P = (10 + 5 + 1) / 32
+    assert (s.favour, s.against, s.p_sign, s.p_sign_reverse) == (3, 1, 0.5, 31 / 32)
+
+
 RULE = {  # (row, target) -> target accuracy at seeds 0, 1, 2 (None: no line)
     ("a", "dom1"): [0.60, 0.70, 0.80],
-    ("b", "dom1"): [0.59, 0.60, 0.79],  # a - b: +0.01, +0.10, +0.01: all in favour, mean 0.040 < std 0.052
-    ("c", "dom1"): [0.65, 0.75, 0.70],  # c - a: +0.05, +0.05, -0.10: mean 0 < std
+    ("b", "dom1"): [0.57, 0.66, 0.78],  # a - b: +0.03, +0.04, +0.02: t = 3 sqrt 3, p = (1 - sqrt(27 / 29)) / 2
+    ("c", "dom1"): [0.65, 0.75, 0.70],  # c - a: +0.05, +0.05, -0.10: mean 0
     ("a", "dom2"): [0.50, 0.50, 0.50],
     ("b", "dom2"): [0.52, 0.40, 0.45],  # a - b: -0.02, +0.10, +0.05
 }
@@ -264,27 +285,33 @@ def test_paired_verdicts_on_hand_made_lines():
     lines = _lines(RULE)
     spec, claim = _claim(["a", "b"], target="dom1")
     assert check_claim(spec, lines, claim) == [
-        ("holds", "npz, target dom1: a 0.700 vs b 0.660; paired by seed: a over b +0.040 ± 0.052 (3/3 pairs in favour)")
+        (
+            "holds",
+            "npz, target dom1: a 0.700 vs b 0.670; paired by seed: a over b +0.030 ± 0.010 "
+            "(n = 3, 3/3 in favour; one-sided p: sign 0.125, t 0.0175)",
+        )
     ]
     spec, claim = _claim(["c", "a"], target="dom1")
     assert check_claim(spec, lines, claim) == [
         (
             "within the spread",
-            "npz, target dom1: c 0.700 vs a 0.700; paired by seed: c over a +0.000 ± 0.087 (2/3 pairs in favour)",
+            "npz, target dom1: c 0.700 vs a 0.700; paired by seed: c over a +0.000 ± 0.087 "
+            "(n = 3, 2/3 in favour; one-sided p: sign 0.5, t 0.5)",
         )
     ]
-    spec, claim = _claim(["b", "a"], target="dom1")
+    spec, claim = _claim(["b", "a"], target="dom1")  # the reverse order reached: its p-values printed too
     assert check_claim(spec, lines, claim)[0] == (
         "does not hold",
-        "npz, target dom1: b 0.660 vs a 0.700; paired by seed: b over a -0.040 ± 0.052 (0/3 pairs in favour)",
+        "npz, target dom1: b 0.670 vs a 0.700; paired by seed: b over a -0.030 ± 0.010 "
+        "(n = 3, 0/3 in favour; one-sided p: sign 1, t 0.982; reverse: sign 0.125, t 0.0175)",
     )
-    # over two targets a seed's difference is the mean over the targets: -0.005, +0.100, +0.030
+    # over two targets a seed's difference is the mean over the targets: +0.005, +0.070, +0.035
     spec, claim = _claim(["a", "b"], benchmark="npz")
     assert check_claim(spec, lines, claim) == [
         (
             "within the spread",
-            "npz, mean over dom1, dom2: a 0.600 vs b 0.558; paired by seed: a over b +0.042 ± 0.053 "
-            "(2/3 pairs in favour)",
+            "npz, mean over dom1, dom2: a 0.600 vs b 0.563; paired by seed: a over b +0.037 ± 0.033 "
+            "(n = 3, 3/3 in favour; one-sided p: sign 0.125, t 0.0951)",
         )
     ]
     spec, claim = _claim(["a", "b"], per_target=True)
@@ -292,43 +319,46 @@ def test_paired_verdicts_on_hand_made_lines():
 
 
 def test_a_chain_holds_only_when_every_adjacent_pair_holds():
-    lines = _lines({**RULE, ("c", "dom1"): [0.58, 0.50, 0.70]})  # b - c: +0.01, +0.10, +0.09
+    lines = _lines({**RULE, ("c", "dom1"): [0.55, 0.63, 0.77]})  # b - c: +0.02, +0.03, +0.01
     spec, claim = _claim(["a", "b", "c"], target="dom1")
     verdict, figures = check_claim(spec, lines, claim)[0]
     assert verdict == "holds"
     assert figures.endswith(
-        "a over b +0.040 ± 0.052 (3/3 pairs in favour), b over c +0.067 ± 0.049 (3/3 pairs in favour)"
+        "a over b +0.030 ± 0.010 (n = 3, 3/3 in favour; one-sided p: sign 0.125, t 0.0175), "
+        "b over c +0.020 ± 0.010 (n = 3, 3/3 in favour; one-sided p: sign 0.125, t 0.0371)"  # t = 2 sqrt 3
     )
-    lines = _lines(RULE)  # b - c: -0.06, -0.15, +0.09 (within the spread): the chain is not shown
+    lines = _lines(RULE)  # b - c: -0.08, -0.09, +0.08 (within the spread): the chain is not shown
     assert check_claim(spec, lines, claim)[0][0] == "within the spread"
     spec, claim = _claim(["b", "a", "c"], target="dom1")  # b below a, separated: the chain does not hold
     assert check_claim(spec, lines, claim)[0][0] == "does not hold"
     spec, claim = _claim(["a", ["b", "c"]], target="dom1")  # a group: a above each of its rows
     assert check_claim(spec, lines, claim)[0][1].endswith(
-        "a over b +0.040 ± 0.052 (3/3 pairs in favour), a over c +0.000 ± 0.087 (1/3 pairs in favour)"
+        "a over b +0.030 ± 0.010 (n = 3, 3/3 in favour; one-sided p: sign 0.125, t 0.0175), "
+        "a over c +0.000 ± 0.087 (n = 3, 1/3 in favour; one-sided p: sign 0.875, t 0.5)"
     )
 
 
 def test_unpaired_seeds_are_named_and_left_out():
-    values = {**RULE, ("b", "dom1"): [0.59, 0.60, None], ("c", "dom1"): [0.65, None, None]}
+    values = {**RULE, ("b", "dom1"): [0.57, 0.66, None], ("c", "dom1"): [0.65, None, None]}
     lines = _lines(values)
     spec, claim = _claim(["a", "b"], target="dom1")
     assert check_claim(spec, lines, claim) == [  # the means keep every seed, the pairs the complete ones
         (
-            "holds",
-            "npz, target dom1: a 0.700 vs b 0.595; paired by seed: a over b +0.055 ± 0.064 "
-            "(2/2 pairs in favour; seed 2 unpaired: no b on dom1)",
+            "holds",  # +0.03, +0.04: t = 7 with 1 dof, p = 1/2 - atan(7) / pi
+            "npz, target dom1: a 0.700 vs b 0.615; paired by seed: a over b +0.035 ± 0.007 "
+            "(n = 2, 2/2 in favour; one-sided p: sign 0.25, t 0.0452; seed 2 unpaired: no b on dom1)",
         )
     ]
     spec, claim = _claim(["c", "b"], target="dom1")
     assert check_claim(spec, lines, claim)[0] == (
-        "holds",
-        "npz, target dom1: c 0.650 vs b 0.595; paired by seed: c over b +0.060 (1/1 pair in favour; one pair: no "
-        "spread; seed 1 unpaired: no c on dom1)",  # seed 2 has neither: no pair to leave out
+        "within the spread",  # one pair: its sign alone is a fair coin's
+        "npz, target dom1: c 0.650 vs b 0.615; paired by seed: c over b +0.080 (n = 1, 1/1 in favour; one-sided p: "
+        "sign 0.5, t n/a; seed 1 unpaired: no c on dom1)",  # seed 2 has neither: no pair to leave out
     )
     spec, claim = _claim(["a", "b"], benchmark="npz")  # seed 2 lacks b on dom1: left out on both targets
     assert check_claim(spec, lines, claim)[0][1].endswith(
-        "a over b +0.047 ± 0.074 (1/2 pairs in favour; seed 2 unpaired: no b on dom1)"  # -0.005 and +0.100
+        "a over b +0.037 ± 0.046 (n = 2, 2/2 in favour; one-sided p: sign 0.25, t 0.227; "  # t = 0.0375 / 0.0325
+        "seed 2 unpaired: no b on dom1)"
     )
     assert paired_differences(lines, "npz", ["dom1"], ("c", "target"), ("a", "target")) == (
         {0: pytest.approx(0.05)},
@@ -347,10 +377,15 @@ def test_claims_text_prints_the_rule_and_each_pair():
     spec, _ = _claim(["a", "b"], target="dom1")
     text = claims_text(spec, _lines(RULE))
     assert text.startswith("# The claims of toy, as measured here\n\nEach figure is the mean over seeds (0, 1, 2)")
-    assert "**holds** when, for every pair, all differences favour it or their mean exceeds their std" in text
+    assert (
+        "A pair's order is separated when either p is at most 0.05: every seed in favour reaches that by the sign "
+        "test from 5 seeds on (p = 0.031), not at 3 (0.125) or 4 (0.062), where the t-test must. A claim **holds** "
+        "when every pair's order is separated; it **does not hold** when some pair's reverse order is" in text
+    )
+    assert "a tie stays in n, against a strict claim's order and the reverse order, for an 'at or above' claim" in text
     assert text.endswith(
-        "- x: **holds** (npz, target dom1: a 0.700 vs b 0.660; paired by seed: a over b +0.040 ± 0.052 "
-        "(3/3 pairs in favour))\n"
+        "- x: **holds** (npz, target dom1: a 0.700 vs b 0.670; paired by seed: a over b +0.030 ± 0.010 "
+        "(n = 3, 3/3 in favour; one-sided p: sign 0.125, t 0.0175))\n"
     )
 
 
@@ -571,9 +606,9 @@ def test_fada_quick_end_to_end_then_resume(tmp_path, ray_cluster, capsys):
     claims = (out / "claims.md").read_text().splitlines()
     verdicts = [line for line in claims if line.startswith("- ")]
     assert len(verdicts) == len(raw["claims"]), claims
-    for v in verdicts:  # one seed: each pair's sign decides (a tie under a strict claim is within the spread)
-        assert sum(f"**{w}**" in v for w in ("holds", "does not hold", "within the spread")) == 1, v
-        assert "/1 pair in favour; one pair: no spread)" in v, v
+    for v in verdicts:  # one seed separates no order: its sign alone is a fair coin's (p = 1/2, no t-test)
+        assert "**within the spread**" in v, v
+        assert "(n = 1, " in v and "/1 in favour; one-sided p: sign " in v and ", t n/a" in v, v
     assert f"fada-III {float(fada3['target']):.3f}" in verdicts[0]
     for name in ("accuracy-digits.png", "accuracy_per_round-digits.png", "series-attention.png"):
         assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
