@@ -14,16 +14,23 @@ fedsim's, each choice stated:
   scripts do not name the loads. ``0hp`` (1797 rpm) joins when ``--target``, ``data.sources`` or ``data.loads``
   names it.
 * Classes: the normal baseline and the nine drive-end faults ``ball_``, ``inner_``, ``outer_`` (outer race at
-  6:00) of 0.007, 0.014, 0.021 in: the authors' ten. The classes every load of the task has are used (logged
-  once): copies without the normal recordings of 1-3 hp give the nine faults.
+  6:00) of 0.007, 0.014, 0.021 in: the authors' ten. The classes every load of the task has are used, said in one
+  line: copies without the normal recordings of 1-3 hp (the data centre's 98, 99, 100) give the nine faults, and
+  the line names the files that would give the ten (:data:`FILE_NUMBERS`).
+* Split: the authors' (their script reads ``dataset[source]`` whole and ``dataset[target]['fold k']['Train' |
+  'Test']``, k = 0..4): each source trains on all its windows (and its accuracy is read on them); the target's
+  windows fall in 5 folds stratified by class from ``data.seed``, fold ``data.target_fold`` (0) its test split, the
+  other four its unlabeled training split. ``data.split=holdout``: every domain 80/20.
 * Inputs: each recording cut into non-overlapping windows of ``data.window`` = 1024 samples (or
   ``data.samples_per_class`` windows spread evenly), the one-sided FFT magnitude of each window minus its mean
   (512 values, ``data.variant=fft``) or the raw window (``raw``). The MLP that makes the authors' 256 features is
   the model trained on the sources: FedAvg's own model for the source-only row, the encoder stage of FedDaDiL and
   DaDiL (``method.encoder_rounds``, ``model.hidden=256``) for the dictionary.
-* No standardization by default (``default_normalization = "none"``), as the authors' scripts leave it out:
-  standardizing each domain by its own statistics (``--set data.normalization=per-domain``) uses the target's
-  input statistics and is an adaptation method of its own ("FedAvg + per-domain standardization").
+* No standardization of the inputs by default (``default_normalization = "none"``); the authors' commented-out
+  line would act on the 256 MLP features, which their scripts therefore leave as the MLP gives them (the
+  dictionary's ``method.feature_standardization=none``). Standardizing each domain by its own statistics
+  (``--set data.normalization=per-domain``) uses the target's input statistics and is an adaptation method of its
+  own ("FedAvg + per-domain standardization").
 
 Layout, one 12 kHz drive-end recording of the data centre per class and load, named after the class, as shipped
 with the recording's file number or without it::
@@ -36,8 +43,8 @@ with the recording's file number or without it::
 With a number, the variable ``X<number>_DE_time`` is used, which settles files that hold several recordings;
 without one, the file must hold exactly one ``*_DE_time`` variable (the drive-end accelerometer). Other variables
 (``X<number>RPM``, fan end, base) are ignored. ``data.classes`` (``--set data.classes=ball_007,inner_007``) names
-the classes, labelled in the order given; every load of the task must have them. Each domain is split 80/20
-stratified from ``data.seed``, then ``data.max_train_per_domain``; the signal is used at the rate it was stored.
+the classes, labelled in the order given; every load of the task must have them. ``data.max_train_per_domain``
+applies after the split; the signal is used at the rate it was stored.
 """
 
 from __future__ import annotations
@@ -271,7 +278,7 @@ class CWRUBenchmark(Benchmark):
 
     Domains ``1hp``, ``2hp``, ``3hp`` (the authors' A, B, C; ``0hp`` when named), ten classes (normal and
     ball_007 ... outer_021, those every load of the task has), FFT magnitudes of 1024-sample windows
-    (``data.variant=raw``: the windows), not standardized.
+    (``data.variant=raw``: the windows), not standardized; the sources whole, the target in 5 folds.
     """
 
     @dataclass(frozen=True)
