@@ -223,57 +223,81 @@ def test_windows_shapes_determinism_and_independence():
     again = tep_simulation.simulate_windows("mode1", classes, 3, seed=0, timing=TINY, workers=1)[0]
     assert np.array_equal(x, again)  # bit-identical for a seed
     assert not np.array_equal(x, tep_simulation.simulate_windows("mode1", classes, 3, 1, timing=TINY, workers=1)[0])
-    # A window depends on neither the other classes, nor the windows after it, nor the worker processes.
+    # A window depends on neither the other classes, nor the windows after it, nor the chunks and worker processes.
     alone = tep_simulation.simulate_windows("mode1", ("idv_06",), 2, seed=0, timing=TINY, workers=2)[0]
     assert np.array_equal(alone, x[6:8])
+    chunked = tep_simulation.simulate_classes({"mode1": ["idv_01"]}, 3, 0, timings={"mode1": TINY}, chunk_windows=1)
+    assert np.array_equal(chunked["mode1", "idv_01"].x, x[3:6]) and np.array_equal(chunked["mode1", "normal"].x, x[:3])
     # The window variables are XMEAS(1..23) and XMV(2..12).
     names = tep.window_variable_names()
     assert len(names) == 34 and names[0].startswith("xmeas_01") and names[22].startswith("xmeas_23")
     assert names[23].startswith("xmv_02") and names[33].startswith("xmv_12")
 
 
+def test_each_window_starts_from_its_own_state():
+    """The normal windows are consecutive segments of one fault-free run; window k of a fault starts where normal
+    window k ends."""
+    from fedsim.data.benchmarks.tep_compiled import CompiledPlant
+
+    normal, onsets = tep_simulation.fault_free_run("mode2", 3, 0, TINY)
+    settle, per_sample = TINY.step_counts()
+    kernel_seed = tep_simulation.odd_seed(0, 2, tep_simulation.KEY_KERNEL)
+    plant = CompiledPlant("mode2", kernel_seed, TINY.control_interval, tep_simulation.TEP_STUDIO_MS_FLAG | 0x80)
+    meas, mvs = np.array(tep_simulation.WINDOW_MEASUREMENTS), np.array(tep_simulation.WINDOW_MVS)
+    plant.run(np.zeros(28), settle, 0, per_sample, meas, mvs)
+    segments, ends = [], []
+    for _ in range(3):
+        segments.append(plant.run(np.zeros(28), 0, TINY.length, per_sample, meas, mvs)[0].T.astype(np.float32))
+        ends.append(plant.snapshot()[0].model_bytes)
+    assert np.array_equal(normal, np.array(segments))  # one run, cut in three
+    assert [o.plant.model_bytes for o in onsets] == ends  # window k's onset: the end of segment k
+    assert [o.plant.time for o in onsets] == pytest.approx([1.4, 1.8, 2.2])  # 1 h settling + k windows of 0.4 h
+    assert len({o.plant.state.tobytes() for o in onsets}) == 3  # three states, not one snapshot
+    assert np.array_equal(tep_simulation.fault_free_run("mode2", 2, 0, TINY)[0], normal[:2])
+    # Faulty windows of different onsets differ, the same onset and stream give the same window.
+    faulty = tep_simulation.faulty_windows("mode2", "idv_04", 0, [0, 2], [onsets[0], onsets[2]], 0, TINY)
+    again = tep_simulation.faulty_windows("mode2", "idv_04", 0, [2], [onsets[2]], 0, TINY)
+    assert np.array_equal(faulty[1], again[0]) and not np.allclose(faulty[0], faulty[1])
+
+
 def test_fault_intensity_scales_the_disturbance():
     """With MSFlag 0x80 the kernel scales an IDV by its value (without, 0.25 would switch it off, 0.75 fully on)."""
-    settled = tep_simulation.settle_mode("mode1", 0, TINY)
-    kernel_seed, snapshot, controller, meas = settled
-    flag = tep_simulation.TEP_STUDIO_MS_FLAG | tep_simulation.SCALED_IDV_FLAG
-    plant = tep_simulation.ControlledPlant("mode1", kernel_seed, TINY.control_interval, flag)
+    _, onsets = tep_simulation.fault_free_run("mode1", 1, 0, TINY)
+    kernel_seed, plant = tep_simulation._window_plant("mode1", 0, TINY)
+    meas, mvs = np.array(tep_simulation.WINDOW_MEASUREMENTS), np.array(tep_simulation.WINDOW_MVS)
 
     def window(intensity: float) -> np.ndarray:
-        plant.restore(tep_simulation.reseeded(snapshot, kernel_seed, 12345), controller, meas)
+        plant.restore(tep_simulation.reseeded(onsets[0].plant, kernel_seed, 12345), onsets[0].memories, onsets[0].meas)
         idv = tep_simulation.idv_vector("idv_04") * intensity  # reactor cooling water inlet temperature step
-        return tep_simulation.record_window(plant, idv, "test", 20, 5)  # 1 h
+        return plant.run(idv, 0, 20, 5, meas, mvs)[0].T  # 1 h
 
     base = window(0.0)
     shift = {i: float(np.abs(window(i)[8, -5:] - base[8, -5:]).mean()) for i in (0.25, 0.5, 1.0)}  # XMEAS(9)
     assert 0.0 < shift[0.25] < shift[0.5] < shift[1.0]
 
 
-def test_intensity_falls_back_after_shutdowns(monkeypatch):
-    """Windows that shut the plant down are retried with other noise, then at the next lower intensity."""
-    record = tep_simulation.record_window
+def test_intensity_falls_back_as_the_authors(monkeypatch):
+    """A fault runs at the highest intensity at which a window completes; the windows that shut down there are left
+    out; a fault that trips every window at every intensity is an error."""
+    real = tep_simulation.faulty_windows
     tried = []
 
-    def tripping(plant, idv, what, length, per_sample):
-        tried.append(float(idv.max()))
-        if idv.max() > 0.6:  # 100 % and 75 % shut down
-            raise tep_simulation.PlantShutdown("tripped")
-        return record(plant, idv, what, length, per_sample)
+    def tripping(mode, cls, level, windows, onsets, seed, timing):
+        tried.append((level, list(windows)))
+        out = real(mode, cls, level, windows, onsets, seed, timing)
+        return [None if level < 2 or k == 1 else w for k, w in zip(windows, out)]  # 100 %, 75 %: all trip
 
-    monkeypatch.setattr(tep_simulation, "record_window", tripping)
-    settled = tep_simulation.settle_mode("mode2", 0, TINY)
-    result = tep_simulation.class_windows("mode2", "idv_13", 3, 0, settled, TINY)
-    assert result.intensity == 0.5 and result.shutdowns == 6 and result.x.shape == (3, 34, 8)
-    assert tried == [1.0] * 3 + [0.75] * 3 + [0.5] * 3
+    monkeypatch.setattr(tep_simulation, "faulty_windows", tripping)
+    result = tep_simulation.simulate_classes({"mode2": ["idv_13"]}, 3, 0, timings={"mode2": TINY}, workers=1)
+    windows = result["mode2", "idv_13"]
+    assert windows.intensity == 0.5 and windows.shutdowns == 7 and windows.x.shape == (2, 34, 8)
+    assert np.array_equal(windows.window, [0, 2])
+    assert sorted((level, k) for level, part in tried for k in part) == [(lv, k) for lv in range(3) for k in range(3)]
+    assert result["mode2", "normal"].x.shape == (3, 34, 8)
 
-    def always(*args):
-        raise tep_simulation.PlantShutdown("tripped")
-
-    monkeypatch.setattr(tep_simulation, "record_window", always)
-    with pytest.raises(UserError, match="idv_13 shuts the plant down at every intensity"):
-        tep_simulation.class_windows("mode2", "idv_13", 2, 0, settled, TINY)
-    with pytest.raises(tep_simulation.PlantShutdown):  # normal operation has nothing to fall back on
-        tep_simulation.class_windows("mode2", "normal", 2, 0, settled, TINY)
+    monkeypatch.setattr(tep_simulation, "faulty_windows", lambda *args: [None] * len(args[3]))
+    with pytest.raises(UserError, match="idv_13 shuts the plant down in every window at every intensity"):
+        tep_simulation.simulate_classes({"mode2": ["idv_13"]}, 2, 0, timings={"mode2": TINY}, workers=1)
 
 
 def test_windows_benchmark_split_scaling_and_cache(tmp_path, short_settling, monkeypatch):
@@ -284,8 +308,8 @@ def test_windows_benchmark_split_scaling_and_cache(tmp_path, short_settling, mon
     assert dom.num_classes == 29 and dom.input_shape == (34, 8)
     assert dom.train_x.shape == (29, 34, 8) and dom.test_x.shape == (29, 34, 8)  # 2 windows a class: 1 + 1
     assert np.array_equal(np.bincount(dom.train_y), [1] * 29) and np.array_equal(np.bincount(dom.test_y), [1] * 29)
-    files = list(tmp_path.glob("tep-w1-windows-n2-l8-seed0-mode3-*.npz"))
-    assert len(files) == 1
+    files = list(tmp_path.glob("tep-w2-windows-n2-l8-seed0-mode3-*.npz"))
+    assert len(files) == 29 and len(list(tmp_path.glob("tep-w2-*-mode3-*-idv_28.npz"))) == 1  # a file a class
     # Each variable standardized by the training windows' mean and std over windows and time steps.
     means, stds = dom.train_x.mean(axis=(0, 2)), dom.train_x.std(axis=(0, 2))
     varying = stds > 0.5
@@ -298,12 +322,12 @@ def test_windows_benchmark_split_scaling_and_cache(tmp_path, short_settling, mon
     train = raw.train_x[:, varying].astype(np.float64)
     expected = (raw.test_x[:, varying] - train.mean(axis=(0, 2))[:, None]) / train.std(axis=(0, 2))[:, None]
     np.testing.assert_allclose(dom.test_x[:, varying], expected, rtol=1e-4, atol=1e-4)
-    assert len(list(tmp_path.glob("*.npz"))) == 1
+    assert len(list(tmp_path.glob("*.npz"))) == 29
 
     def no_simulation(*args, **kwargs):
         raise AssertionError("simulated although the cache holds the mode")
 
-    monkeypatch.setattr(tep_simulation, "simulate_windows", no_simulation)
+    monkeypatch.setattr(tep_simulation, "simulate_classes", no_simulation)
     cached = tep.TEPBenchmark(window_config(tmp_path, workers=2)).load("mode3")  # workers: not part of the key
     for field in ("train_x", "train_y", "test_x", "test_y"):
         assert np.array_equal(getattr(cached, field), getattr(dom, field))
@@ -357,3 +381,27 @@ def test_bad_window_options_are_one_line(values, message):
     with pytest.raises(UserError, match=message) as info:
         tep_config(**values)
     assert "\n" not in str(info.value)
+
+
+def test_data_prepare_builds_the_cache_a_run_reads(tmp_path, short_settling, monkeypatch, capsys):
+    import argparse
+
+    from fedsim.experiments import prepare
+
+    parser = argparse.ArgumentParser()
+    prepare.add_parser(parser.add_subparsers(dest="command"))
+    sets = [f"data.cache_dir={tmp_path}", "data.windows_per_class=2", "data.window=8"]
+    argv = ["data", "prepare", "tep", "--domains", "mode4", "--workers", "1", "-q"]
+    args = parser.parse_args(argv + [x for s in sets for x in ("--set", s)])
+    assert prepare.main(args) == 0 and "1 domains ready" in capsys.readouterr().out
+    assert len(list(tmp_path.glob("tep-w2-windows-n2-l8-seed0-mode4-*.npz"))) == 29
+
+    def no_simulation(*args, **kwargs):
+        raise AssertionError("simulated although prepare built the cache")
+
+    monkeypatch.setattr(tep_simulation, "simulate_classes", no_simulation)
+    assert tep.TEPBenchmark(window_config(tmp_path)).load("mode4").train_x.shape == (29, 34, 8)
+    with pytest.raises(UserError, match="data settings only"):
+        prepare.main(parser.parse_args(["data", "prepare", "tep", "--set", "method.lr=1"]))
+    with pytest.raises(UserError, match="--workers"):
+        prepare.main(parser.parse_args(["data", "prepare", "tep", "--workers", "0"]))

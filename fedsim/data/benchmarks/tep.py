@@ -322,8 +322,8 @@ class TEPBenchmark(Benchmark):
             arrays = {
                 "x": windows.x,
                 "window": windows.window,
-                "intensity": np.array(windows.intensity),
-                "shutdowns": np.array(windows.shutdowns, dtype=np.int64),
+                "intensity": np.array([windows.intensity]),  # one value, kept 1-d as the cache stores it
+                "shutdowns": np.array([windows.shutdowns], dtype=np.int64),
             }
             if cls not in needs[mode]:  # the normal class of a mode whose normal windows were cached already
                 return
@@ -361,8 +361,8 @@ class TEPBenchmark(Benchmark):
                 "x": np.concatenate([p["x"] for p in parts]),
                 "y": np.concatenate([np.full(len(p["x"]), i, dtype=np.int64) for i, p in enumerate(parts)]),
                 "window": np.concatenate([p["window"] for p in parts]),
-                "intensity": np.array([float(p["intensity"]) for p in parts]),
-                "shutdowns": np.array([int(p["shutdowns"]) for p in parts], dtype=np.int64),
+                "intensity": np.concatenate([p["intensity"] for p in parts]),
+                "shutdowns": np.concatenate([p["shutdowns"] for p in parts]),
             }
             reduced = [f"{c} {i:.0%}" for c, i in zip(self.classes[1:], arrays["intensity"][1:]) if i < 1.0]
             logger.info(
