@@ -16,22 +16,18 @@ read from the Reinartz et al. (2021) runs the authors use:
   XMV(1..12) instead; the code, which built their data, is followed.) A faulty window is
   the first 30 h after the fault's onset (their samples 600-1199), a normal window 30 h of
   fault-free operation (their samples 0-599 of a run).
-* Each window is its own run: the plant settles fault-free in the mode (60 h, 70 h for
-  mode 5) once, plant and controller are snapshotted, and every window branches from the
-  snapshot with a noise stream of its own (seeded by ``data.seed``, mode, class, intensity
-  and attempt) and its fault switched on at the branch point.
-* Fault intensity: the authors take, per mode and IDV, the highest of Reinartz et al.'s
-  100, 75, 50 and 25 % runs that completed, and leave out runs that did not. Here a window
-  that ends in a plant shutdown is discarded and another noise stream tried; once as many
-  windows as wanted have shut down at an intensity, the next lower one is simulated (seed 0,
-  one window per mode and IDV at 100 %: IDV(6), the A feed loss, trips the plant in every
-  mode after 6-9 h, IDV(13) in mode 5 after 20 h, every other IDV runs the 30 h).
-* ``data.windows_per_class`` windows per class and mode (default
-  :data:`DEFAULT_WINDOWS_PER_CLASS`; the authors have 100, less the runs that failed, about
-  2,880 a mode): each 30-h window costs about 1.5 s of CPU, so the authors' size would take
-  about 7 h of CPU for the six modes; the default takes about 43 min of CPU, 22 min on two
-  cores (docs/benchmarks.md has the measurements). ``data.window`` shortens the windows.
-* A mode's classes are simulated in ``data.workers`` processes started by multiprocessing's
+* Each window starts from its own state: per mode, one fault-free run settles (60 h, 70 h for mode 5) and then
+  runs consecutive 30-h segments, segment k being normal window k; window k of every IDV branches from the end of
+  segment k (its own 30 h of fault-free history, as the authors' runs have) with a noise stream of its own (seeded
+  by ``data.seed``, mode, class, k and intensity) and its fault switched on there.
+* Fault intensity, as the authors': per mode and IDV, the highest of 100, 75, 50 and 25 % at which at least one
+  window runs through, the windows that shut the plant down left out (so a class may have fewer windows).
+* ``data.windows_per_class`` windows per class and mode (default :data:`DEFAULT_WINDOWS_PER_CLASS`; the authors have
+  100, less the runs that failed): the plant and controller run compiled (:mod:`fedsim.data.benchmarks.tep_compiled`,
+  bit-identical to tep-studio), about 0.17 s of CPU a window, so the authors' size takes about 50 min of CPU
+  (docs/benchmarks.md has the measurements); ``fedsim data prepare tep`` builds it ahead, on this machine's cores or
+  a Ray cluster's. ``data.window`` shortens the windows.
+* The windows are simulated in chunks in ``data.workers`` processes started by multiprocessing's
   "spawn" method, which imports the main script again: a script that runs fedsim through
   its API does so under ``if __name__ == "__main__":`` (or sets ``data.workers=1``).
 * Scaling (``data.scaling=mode``, the authors' standardization): every variable of a mode
@@ -66,8 +62,9 @@ manipulated variables XMV(1..12) as commanded by the controller. They are float3
 scaled by the benchmark (its default ``data.normalization`` is "federated", see
 :mod:`fedsim.data.normalization`).
 
-Everything is seeded from ``data.seed``; a mode is built once per (variant, size, seed)
-into ``data.cache_dir``. The simulation itself lives in :mod:`fedsim.data.benchmarks.tep_simulation`.
+Everything is seeded from ``data.seed``; a snapshot mode is built once per (variant, size, seed) into
+``data.cache_dir``, the windows once per (mode, class, size, seed). The simulation itself lives in
+:mod:`fedsim.data.benchmarks.tep_simulation`.
 """
 
 from __future__ import annotations
