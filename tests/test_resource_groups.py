@@ -255,7 +255,9 @@ def test_local_and_ray_agree_with_groups(toy_overrides, ray_cluster, tmp_path, c
             results[name] = run_experiment(config, tmp_path / name)
     warnings = [r.getMessage() for r in caplog.records if "GPU" in r.getMessage()]
     assert warnings and set(warnings) == {
-        "the clients of dom1 (0.5 each) asked for GPUs but the Ray cluster has none: running on CPU"
+        "resources.gpus_per_client asks for a GPU but CUDA is not available here: the local backend runs every "
+        "client on the CPU",
+        "the clients of dom1 (0.5 each) asked for GPUs but the Ray cluster has none: running on CPU",
     }
     local, ray = results["local"].summary, results["ray"].summary
     differing = {k for k in local.keys() | ray.keys() if local.get(k) != ray.get(k)}

@@ -46,7 +46,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def load(args: argparse.Namespace):
     """The spec with the runs kept, the seeds replaced and this machine's settings last."""
-    from fedsim.experiments.reproduce_spec import PaperSpec, _keep_runs, load_spec, shrink
+    from fedsim.experiments.reproduce_spec import PaperSpec, load_spec, shrink
 
     spec = load_spec(None, args.spec)
     seeds = [int(s) for s in args.seeds.split(",")] if args.seeds else None
@@ -55,7 +55,7 @@ def load(args: argparse.Namespace):
     if args.runs:
         runs = [r.strip() for r in args.runs.split(",") if r.strip()]
         spec._known("run", runs, spec.runs, f"spec {spec.name}: --runs")
-        _keep_runs(raw, runs)
+        keep_runs(raw, runs)
     last = [
         "run.backend=local",
         f"run.precision={args.precision}",
@@ -69,6 +69,23 @@ def load(args: argparse.Namespace):
         last.append(f"data.workers={args.workers}")
     raw["set_last"] = list(raw.get("set_last", [])) + last + list(args.set)
     return PaperSpec(spec.name, raw, spec.origin)
+
+
+def keep_runs(raw: dict, runs: list[str]) -> None:
+    """The spec's ``runs``, the rows that read them and the claims on those rows only."""
+    raw["runs"] = {k: v for k, v in raw["runs"].items() if k in runs}
+    raw["rows"] = [r for r in raw["rows"] if r.get("run", r["name"]) in raw["runs"]]
+    kept = {r["name"] for r in raw["rows"]}
+    raw["claims"] = [
+        c
+        for c in raw.get("claims", [])
+        if all(str(i).partition(":")[0] in kept for g in c["order"] for i in (g if isinstance(g, list) else [g]))
+    ]
+
+
+def numbers(flat: dict) -> dict[str, float]:
+    """The numeric entries of a flattened summary or round (booleans left out)."""
+    return {k: v for k, v in flat.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
 
 
 def build_windows(configs) -> float:
@@ -91,7 +108,6 @@ def build_windows(configs) -> float:
 def record(point: dict, config, summary: Optional[dict], history: list, status: str, error: str = "") -> dict:
     """One trial as :func:`fedsim.experiments.sweep_results.collect_records` gives it to the table writers."""
     from fedsim.experiments.sweep_grid import COLUMNS
-    from fedsim.experiments.sweep_results import _numbers
     from fedsim.experiments.sweep_trial import flatten
 
     summary = summary or {}
@@ -105,8 +121,8 @@ def record(point: dict, config, summary: Optional[dict], history: list, status: 
         "target_accuracy": summary.get("target_accuracy"),
         "mean_source_accuracy": summary.get("mean_source_accuracy"),
         "wall_seconds": summary.get("wall_seconds"),
-        "summary": _numbers(flatten(summary)),
-        "round_metrics": [_numbers(flatten(row)) for row in history],
+        "summary": numbers(flatten(summary)),
+        "round_metrics": [numbers(flatten(row)) for row in history],
     }
     if error:
         out["error"] = error
