@@ -158,11 +158,38 @@ def cmd_run(args) -> int:
             print(format_table(result.summary, out_dir))
         return 0
     config = config_from_args(args)
+    log_recipe(config)
     out_dir = resolve_out_dir(config, args.out)
     result = run_experiment(config, out_dir)
     if not args.quiet:
         print(format_table(result.summary, out_dir))
     return 0
+
+
+def log_recipe(config) -> None:
+    """One line naming the recipe a run took its unset keys from (:mod:`fedsim.recipes`), and how to leave it."""
+    from fedsim.recipes import applied
+
+    recipe = applied(config)
+    if recipe is not None:
+        values = ", ".join(f"{key}={value}" for key, value in recipe.values.items())
+        log.info(
+            "recipe %s (%s) under the config and flags: %s; --set run.recipe=none runs the bare defaults",
+            recipe.name,
+            recipe.protocol,
+            values,
+        )
+
+
+def print_recipes() -> None:
+    """``fedsim list``'s recipes: each (method, benchmark) pair's settings and their sources."""
+    from fedsim.recipes import recipes
+
+    print("recipes (what a plain run of the pair sets; a flag or --set overrides, --set run.recipe=none drops it):")
+    for recipe in recipes():
+        print(f"  {recipe.name}: the protocol of {recipe.protocol}")
+        for s in recipe.settings:
+            print(f"    {s.key}={s.value}  ({s.source})")
 
 
 def _first_doc_line(obj) -> str:
@@ -174,7 +201,8 @@ def _first_doc_line(obj) -> str:
 
 def cmd_list() -> int:
     """Methods (with their task), benchmarks (with their domains) and models, built-in and plugins (with where
-    each plugin comes from); what cannot be loaded is listed with the reason."""
+    each plugin comes from), then the recipes with their sources; what cannot be loaded is listed with the
+    reason."""
     from fedsim.config import DataConfig
     from fedsim.data.scenario import get_benchmark
     from fedsim.registry import BENCHMARKS, METHODS, MODELS
@@ -215,6 +243,7 @@ def cmd_list() -> int:
         print(f"  {name:{width}s} {_first_doc_line(MODELS.get(name))}")
         footer(MODELS, name)
     unavailable(MODELS)
+    print_recipes()
     return 0
 
 

@@ -21,7 +21,7 @@ import difflib
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from fedsim.errors import UserError
 from fedsim.experiments.reproduce_format import (
@@ -138,7 +138,7 @@ class PaperSpec:
 
     def _select(self, raw: Any) -> Selection:
         """``select:``: scores (names of :data:`fedsim.selection.SCORES`, without ``score_``) and groups of two or
-        more runs that run the same seeds, each with an optional default among its runs."""
+        more runs that run the same seeds; a group's default is found, not given (:func:`default_run`)."""
         from fedsim.selection import SCORES
 
         where = f"spec {self.name}: select"
@@ -169,9 +169,11 @@ class PaperSpec:
             self._rowed(runs, at)
             if len(runs) < 2 or len(set(runs)) != len(runs):
                 raise UserError(f"{at}.runs must list two or more runs, each once, to choose among: got {runs!r}")
-            default = group.get("default")
-            if default is not None and default not in runs:
-                raise UserError(f"{at}: default {default!r} is not one of its runs ({', '.join(runs)})")
+            if "default" in group:
+                raise UserError(
+                    f"{at}: drop default: a group's default is the run whose settings a plain run of its method "
+                    "uses (the method's defaults and its recipe, fedsim.recipes), found on each benchmark and target"
+                )
             for bench in self.benchmarks:
                 seeds = {
                     run: self.seeds_of(run, bench) for _, run, b, _ in self.variants() if b == bench and run in runs
@@ -182,7 +184,7 @@ class PaperSpec:
                         f"{at}: its runs run different seeds on {bench} ({listed}): give them the same seeds, "
                         "a selection compares means over the same seeds"
                     )
-            groups[str(name)] = SelectGroup(str(name), runs, default)
+            groups[str(name)] = SelectGroup(str(name), runs, None)
         return Selection(scores, groups)
 
     def _rowed(self, runs: list[str], at: str) -> None:
@@ -401,6 +403,39 @@ def to_sweep(spec: PaperSpec) -> SweepSpec:
         variant = variants[point.rpartition("#")[0]]
         points[point] = {**variant, "overrides": [*variant["overrides"], f"run.seed={seed}"]}
     return SweepSpec(None, {}, [], {VARIANT_KEY: list(points)}, {**variants, **points})
+
+
+def default_run(spec: PaperSpec, group: SelectGroup) -> Callable[[dict], dict]:
+    """A selection group's default on each benchmark and target (a function of the row's ``benchmark`` and
+    ``target``, as :func:`fedsim.experiments.selection.select` takes it): the first of its runs whose config agrees
+    with a plain run of its method there (:func:`fedsim.experiments.selection.plain_config`: the method's defaults
+    and its recipe) on every key in which the group's runs differ. The same rule as a sweep's default. Where no run
+    agrees, a setting that names the plain run's values and matches no run: the report says the grid lacks it."""
+    from fedsim.experiments.selection import flat_config, plain_config
+
+    sweep = to_sweep(spec)
+    missing = object()
+
+    def default(row: dict) -> dict:
+        names = {run: f"{run}@{row['benchmark']}.{row['target']}" for run in group.runs}
+        configs = {run: sweep.config_for({VARIANT_KEY: name}) for run, name in names.items() if name in sweep.variants}
+        if not configs:
+            return {}
+        flat = {run: flat_config(config) for run, config in configs.items()}
+        keys = sorted({k for f in flat.values() for k in f})
+        differ = [k for k in keys if len({repr(f.get(k, missing)) for f in flat.values()}) > 1]
+        plains = {}
+        for run, config in configs.items():
+            plain = plains.setdefault(
+                config.method.name, flat_config(plain_config(config.method.name, config.to_dict()["data"]))
+            )
+            if all(flat[run].get(k, missing) == plain.get(k, missing) for k in differ):
+                return {"run": run}
+        first = plains[next(iter(configs.values())).method.name]
+        values = ", ".join(f"{k}={first[k]}" for k in differ if k in first)
+        return {"run": f"a plain run ({values or 'its defaults'})"}
+
+    return default
 
 
 def to_json(spec: PaperSpec) -> str:

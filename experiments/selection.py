@@ -4,10 +4,11 @@
 In unsupervised domain adaptation the target has no labels, so a setting (a learning rate, a loss weight, a run of
 a paper's protocol) must be chosen by a score computed without them. Each run reports its scores in its summary as
 ``score_<name>``, oriented so that higher is better. In each group (e.g. a method on a target) the candidates are the
-grid's settings; each score picks the candidate with the best mean score over seeds. The default (the setting a user
-would run untuned) and the oracle (the best mean target accuracy: it reads target labels, an upper bound of any
-label-free selection) frame the picks; a score's gap is the oracle's target accuracy minus its pick's. This is the
-protocol of DomainBed (Gulrajani & Lopez-Paz, ICLR 2021, Sec. 3) and SKADA-Bench (Lalou et al., 2024).
+grid's settings; each score picks the candidate with the best mean score over seeds. The default (the setting a plain
+run of the method on the benchmark uses: its defaults overlaid by its recipe, :func:`plain_config`) and the oracle
+(the best mean target accuracy: it reads target labels, an upper bound of any label-free selection) frame the picks;
+a score's gap is the oracle's target accuracy minus its pick's. This is the protocol of DomainBed (Gulrajani &
+Lopez-Paz, ICLR 2021, Sec. 3) and SKADA-Bench (Lalou et al., 2024).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import re
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence, Union
 
 from fedsim.errors import UserError
 from fedsim.experiments.grouping import format_mean_std, mean_std
@@ -31,6 +32,22 @@ SEED_KEY = "seed"
 DEFAULT, ORACLE = "default", "oracle"
 NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 FILES = ("selection.md", "selection.csv", "selection.png")
+Default = Union[Mapping[str, Any], Callable[[dict], Optional[Mapping[str, Any]]], None]
+"""A selection's default: one setting for every group, or a function of the group's values (None: no default)."""
+
+
+def plain_config(method: str, data: Mapping[str, Any]):
+    """The ExperimentConfig of a plain run of ``method`` on the ``data`` section (data key -> value, e.g. a config's
+    ``to_dict()["data"]``): the method's defaults overlaid by its recipe (:mod:`fedsim.recipes`), as ``fedsim run
+    --method M --benchmark B --target T`` builds it. The default every selection report compares against."""
+    from fedsim.config import load_config
+
+    return load_config(None, base={"data": dict(data)}, values={"method.name": method})
+
+
+def flat_config(config) -> dict[str, Any]:
+    """An ExperimentConfig as ``{"section.key": value}`` (a method's and a benchmark's own keys in their section)."""
+    return {f"{section}.{key}": value for section, keys in config.to_dict().items() for key, value in keys.items()}
 
 
 @dataclass
@@ -240,7 +257,7 @@ def select(
     scores: Sequence[str],
     group_by: Sequence[str],
     candidate_keys: Sequence[str],
-    default: Optional[Mapping[str, Any]] = None,
+    default: Default = None,
     accuracy_key: str = "target_accuracy",
 ) -> list[SelectionRow]:
     """One :class:`SelectionRow` per group (the distinct values of ``group_by``, in first-seen order).
@@ -251,14 +268,15 @@ def select(
     pick is the compared candidate with the highest mean score; a tie goes to the candidate first in grid order,
     never to the more accurate one. The oracle is the compared candidate with the highest mean target accuracy
     (it reads target labels: it serves the gap only). The default is the candidate whose values match ``default``
-    (None when the grid does not hold it). A record's values are read from its ``params``, else from the record
-    (``benchmark``, ``target``); its numbers from the record, else from its ``summary`` (``score_<name>``).
+    (a mapping, or a function of the group's values returning one; None when the grid does not hold it). A record's
+    values are read from its ``params``, else from the record (``benchmark``, ``target``); its numbers from the
+    record, else from its ``summary`` (``score_<name>``).
     """
     scores = list(scores)
     if any(_finished(r) for r in records):  # a grid where nothing finished has no score to check, only n/a
         check_scores(records, scores)
     _check_grid(records, group_by, candidate_keys)
-    stray = sorted(set(default or {}) - set(candidate_keys))
+    stray = sorted(set({} if callable(default) else default or {}) - set(candidate_keys))
     if stray:
         raise UserError(
             f"the default names {', '.join(stray)}, which are not candidate keys ({', '.join(candidate_keys)})"
@@ -295,6 +313,8 @@ def _select_group(
         if pick is None:
             notes.append(f"{name}: no compared candidate reports it at every seed")
     chosen = None
+    if callable(default):
+        default = default(dict(group))
     if default is not None:
         chosen = next((c for c in candidates if all(dict(c.params).get(k) == v for k, v in default.items())), None)
         if chosen is None:

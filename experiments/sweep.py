@@ -325,23 +325,31 @@ def selection_keys(spec: SweepSpec) -> tuple[list[str], list[str]]:
     return group_by, [k for k in keys if k not in group_by and k != "seed"]
 
 
-def default_setting(spec: SweepSpec, candidate_keys: list[str]) -> dict:
-    """The config's own value of each candidate key (the setting a user runs untuned): the YAML file and the
-    constant ``--set`` values, without the sweep's axes and ranges; a ``<method>.<key>`` from that method's own
-    config."""
+def default_setting(spec: SweepSpec, candidate_keys: list[str]):
+    """The default of each group of the selection (:func:`selection_keys`): a function of the group's values (its
+    method, its swept ``data.*`` keys) giving each candidate key's value in a plain run of that method on the
+    sweep's data (:func:`fedsim.experiments.selection.plain_config`: the method's defaults overlaid by its recipe;
+    neither the sweep's config file nor its ``--set`` values: they are not what a user runs untuned). A
+    ``<method>.<key>`` column takes that method's value, in its own groups only."""
     from fedsim.config import SECTIONS
+    from fedsim.experiments.selection import flat_config, plain_config
 
     inverse = {column: key for key, column in COLUMNS.items()}
-    default = {}
-    for column in candidate_keys:
-        section, name = inverse.get(column, column).split(".", 1)
-        if section in SECTIONS:
-            owner = getattr(spec.config_for({}), section)
-        else:  # <method>.<key>
-            owner = spec.config_for({"method.name": section}).method
-        value = getattr(owner, name) if hasattr(owner, name) else getattr(getattr(owner, "params", None), name, None)
-        if value is not None:
-            default[column] = value
+
+    def default(group: dict) -> dict:
+        method = group["method"]
+        point = {"method.name": method, **{k: v for k, v in group.items() if k.startswith("data.")}}
+        plain = flat_config(plain_config(method, spec.config_for(point).to_dict()["data"]))
+        values = {}
+        for column in candidate_keys:
+            section, name = inverse.get(column, column).split(".", 1)
+            if section not in SECTIONS and section != method:
+                continue  # another method's own key: not a setting of this group's trials
+            key = f"{section if section in SECTIONS else 'method'}.{name}"
+            if key in plain:
+                values[column] = plain[key]
+        return values
+
     return default
 
 

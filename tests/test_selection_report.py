@@ -20,7 +20,7 @@ from fedsim.experiments.reproduce_results import (
     write_selection_of_lines,
     write_selection_report,
 )
-from fedsim.experiments.reproduce_spec import PaperSpec, shrink
+from fedsim.experiments.reproduce_spec import PaperSpec, default_run, shrink
 from fedsim.experiments.selection import markdown, mean_over, select, write_selection
 from fedsim.experiments.sweep_results import write_results
 
@@ -235,11 +235,11 @@ SPEC = {
     "paper": "Toy selection",
     "seeds": [0, 1],
     "benchmarks": {"npz": {"targets": ["dom1", "dom2"]}},
-    "runs": {"lr-small": {}, "lr-mid": {}, "lr-big": {}, "other": {}},
+    "runs": {"lr-small": {"set": ["method.lr=0.01"]}, "lr-mid": {}, "lr-big": {"set": ["method.lr=0.1"]}, "other": {}},
     "rows": [{"name": "lr-small"}, {"name": "lr-mid"}, {"name": "lr-big"}],
     "select": {
         "scores": ["source_accuracy", "entropy"],
-        "groups": {"fedavg": {"runs": ["lr-small", "lr-mid", "lr-big"], "default": "lr-mid"}},
+        "groups": {"fedavg": {"runs": ["lr-small", "lr-mid", "lr-big"]}},  # the default: lr-mid, a plain run's lr
     },
 }
 
@@ -255,7 +255,8 @@ def test_a_spec_select_is_parsed():
     spec = _spec()
     assert spec.select.scores == ["source_accuracy", "entropy"]
     group = spec.select.groups["fedavg"]
-    assert (group.name, group.runs, group.default) == ("fedavg", ["lr-small", "lr-mid", "lr-big"], "lr-mid")
+    assert (group.name, group.runs) == ("fedavg", ["lr-small", "lr-mid", "lr-big"])
+    assert default_run(spec, group)({"benchmark": "npz", "target": "dom1"}) == {"run": "lr-mid"}  # lr 0.05
     assert PaperSpec("toy", {k: v for k, v in SPEC.items() if k != "select"}, Path(".")).select is None
     assert plot_names(spec)[-3:] == ["selection.md", "selection.csv", "selection.png"]
     quick = copy.deepcopy(SPEC)
@@ -285,8 +286,8 @@ def test_a_spec_select_is_parsed():
         ({"score": ["snd"]}, r"unknown key 'score' in spec toy: select: did you mean 'scores'\?"),
         ({"groups": {"fedavg": {"runs": ["lr-small"]}}}, r"must list two or more runs"),
         (
-            {"groups": {"fedavg": {"runs": ["lr-small", "lr-mid"], "default": "lr-big"}}},
-            r"default 'lr-big' is not one of its runs \(lr-small, lr-mid\)",
+            {"groups": {"fedavg": {"runs": ["lr-small", "lr-mid"], "default": "lr-mid"}}},
+            r"groups\.fedavg: drop default: a group's default is the run whose settings a plain run of its method",
         ),
         ({"groups": {"fedavg": {"run": ["lr-small", "lr-mid"]}}}, r"unknown key 'run' .* did you mean 'runs'\?"),
         ({"groups": []}, r"select\.groups must map a group's name to its runs"),

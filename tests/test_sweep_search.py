@@ -261,7 +261,7 @@ def test_trial_resources_and_overrides_ignore_sampled_values(toy_overrides):
     ]
 
 
-def test_selection_groups_by_method_and_defaults_to_the_configs_own_values(toy_overrides):
+def test_selection_groups_by_method_and_defaults_to_a_plain_runs_values(toy_overrides):
     spec = _spec(
         ["--methods", "fedavg,fedprox", "--local-epochs", "1,2", "--seeds", "0,1", "--set", "fedprox.mu=uniform(0,1)"]
         + ["--set", "method.lr=loguniform(1e-3,1e-1)", "--search", "random", "--select", "entropy"]
@@ -269,7 +269,9 @@ def test_selection_groups_by_method_and_defaults_to_the_configs_own_values(toy_o
     )
     group_by, candidates = selection_keys(spec)
     assert group_by == ["method"] and candidates == ["local_epochs", "fedprox.mu", "method.lr"]
-    assert default_setting(spec, candidates) == {"local_epochs": 1, "fedprox.mu": 0.01, "method.lr": 0.05}
+    default = default_setting(spec, candidates)  # per group: a plain run of its method (defaults, recipe)
+    assert default({"method": "fedprox"}) == {"local_epochs": 1, "fedprox.mu": 0.01, "method.lr": 0.05}
+    assert default({"method": "fedavg"}) == {"local_epochs": 1, "method.lr": 0.05}
 
 
 def test_summary_row_carries_the_scores_a_searcher_reads():
