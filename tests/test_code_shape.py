@@ -93,6 +93,7 @@ FLOORS = (
             "fedsim.discovery",
             "fedsim.validation",
             "fedsim.config",
+            "fedsim.recipes",
             "fedsim.data",
             "fedsim.selection",
             "fedsim.privacy",
