@@ -67,7 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("-q", "--quiet", action="store_true", help="no progress bar and no table")
     sub.add_parser("list", help="list methods (with their task), benchmarks and their domains")
     # light imports: Ray and matplotlib load only when a command runs
-    from fedsim.experiments import report, reproduce, sweep
+    from fedsim.experiments import prepare, report, reproduce, sweep
 
     sweep.add_arguments(
         sub.add_parser("sweep", help="Ray Tune grid over methods x local epochs x seeds (x any --set list)")
@@ -76,6 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
         sub.add_parser("reproduce", help="run a paper's protocol (a spec: grid + claims) as Ray Tune trials")
     )
     report.add_arguments(sub.add_parser("report", help="plots and a markdown table for a run or a sweep directory"))
+    prepare.add_parser(sub)
     return parser
 
 
@@ -253,6 +254,7 @@ COMMANDS = {
     "sweep": "fedsim.experiments.sweep",
     "reproduce": "fedsim.experiments.reproduce",
     "report": "fedsim.experiments.report",
+    "data": "fedsim.experiments.prepare",
 }
 #: numeric flags that take comma lists, per command
 LIST_FLAGS = {"sweep": ("local_epochs", "seeds", "cpus_per_client", "gpus_per_client"), "reproduce": ("seeds",)}

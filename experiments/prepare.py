@@ -53,7 +53,7 @@ def _workers(text) -> int | None:
     return value
 
 
-def main(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
     """Build the cache; prints one line per domain and the time taken."""
     from fedsim.config import load_config
     from fedsim.data.scenario import get_benchmark

@@ -393,7 +393,7 @@ def test_data_prepare_builds_the_cache_a_run_reads(tmp_path, short_settling, mon
     sets = [f"data.cache_dir={tmp_path}", "data.windows_per_class=2", "data.window=8"]
     argv = ["data", "prepare", "tep", "--domains", "mode4", "--workers", "1", "-q"]
     args = parser.parse_args(argv + [x for s in sets for x in ("--set", s)])
-    assert prepare.main(args) == 0 and "1 domains ready" in capsys.readouterr().out
+    assert prepare.run(args) == 0 and "1 domains ready" in capsys.readouterr().out
     assert len(list(tmp_path.glob("tep-w2-windows-n2-l8-seed0-mode4-*.npz"))) == 29
 
     def no_simulation(*args, **kwargs):
@@ -402,6 +402,6 @@ def test_data_prepare_builds_the_cache_a_run_reads(tmp_path, short_settling, mon
     monkeypatch.setattr(tep_simulation, "simulate_classes", no_simulation)
     assert tep.TEPBenchmark(window_config(tmp_path)).load("mode4").train_x.shape == (29, 34, 8)
     with pytest.raises(UserError, match="data settings only"):
-        prepare.main(parser.parse_args(["data", "prepare", "tep", "--set", "method.lr=1"]))
+        prepare.run(parser.parse_args(["data", "prepare", "tep", "--set", "method.lr=1"]))
     with pytest.raises(UserError, match="--workers"):
-        prepare.main(parser.parse_args(["data", "prepare", "tep", "--workers", "0"]))
+        prepare.run(parser.parse_args(["data", "prepare", "tep", "--workers", "0"]))
