@@ -102,27 +102,28 @@ def _velocity(loop_params, loop_state, i, setpoint, measurement, time):
 
 
 @njit(cache=True)
-def _pv(loop_params, meas, i):
-    return meas[int(loop_params[i, PV])]
+def _loop(loop_params, loop_state, i, setpoint, meas, time):
+    """Positional loop ``i`` on its own measurement."""
+    return _positional(loop_params, loop_state, i, setpoint, meas[int(loop_params[i, PV])], time)
 
 
 @njit(cache=True)
-def control_action(
-    loop_params, loop_state, ctl, scalars, ints, feed_ratio, feed_mv, static_idx, static_val, meas, time, action
-):
-    """RickerMultiLoopController.compute_action (composition trims on, %G feedback and overrides off) into
-    ``action``; updates the loop memories ``loop_state`` and ``ctl``."""
+def _production(loop_params, loop_state, ctl, scalars, meas, time):
+    """The setpoint ramps and the production loop: the feed rate ``fp`` (kept in ``ctl[FP]``)."""
     dt = max(0.0, time - ctl[RAMP_TIME])
     ctl[RAMP_TIME] = time
     ctl[RAMPED_PRODUCTION] = _ramp(ctl[RAMPED_PRODUCTION], scalars[SP_PRODUCTION], scalars[PROD_RATE], dt)
     ctl[RAMPED_PCT_G] = _ramp(ctl[RAMPED_PCT_G], scalars[SP_PCT_G], scalars[PCTG_RATE], dt)
-
-    fp_adj = _positional(
-        loop_params, loop_state, PRODUCTION, ctl[RAMPED_PRODUCTION], _pv(loop_params, meas, PRODUCTION), time
-    )
+    fp_adj = _loop(loop_params, loop_state, PRODUCTION, ctl[RAMPED_PRODUCTION], meas, time)
     fp = scalars[FP_BASE] + fp_adj
     ctl[FP] = fp
+    return fp
 
+
+@njit(cache=True)
+def _composition(loop_params, loop_state, ctl, scalars, ints, meas, fp, time):
+    """The feed ratios r1..r4: the %G polynomials with their feed-forward on ``fp``, and the A and A+C composition
+    trims (velocity loops) accumulated in ``ctl``."""
     eadj = scalars[EADJ0]
     g = ctl[RAMPED_PCT_G]
     poly2 = ((0.0 * g + scalars[P2]) * g + scalars[P2 + 1]) * g + scalars[P2 + 2]  # np.polyval's Horner loop
@@ -138,53 +139,28 @@ def control_action(
     d_yac = _velocity(loop_params, loop_state, YAC, scalars[SP_YAC], yac, time)
     ctl[R1] += d_ya
     ctl[R4] += d_yac - d_ya
-    r1 = ctl[R1]
-    r4 = ctl[R4]
+    return ctl[R1], r2, r3, ctl[R4]
 
-    sep_temp_sp = _positional(
-        loop_params, loop_state, REACTOR_LEVEL, scalars[SP_REACTOR_LEVEL], _pv(loop_params, meas, REACTOR_LEVEL), time
-    )
-    r6 = _positional(
-        loop_params,
-        loop_state,
-        SEPARATOR_LEVEL,
-        scalars[SP_SEPARATOR_LEVEL],
-        _pv(loop_params, meas, SEPARATOR_LEVEL),
-        time,
-    )
-    r7 = _positional(
-        loop_params,
-        loop_state,
-        STRIPPER_LEVEL,
-        scalars[SP_STRIPPER_LEVEL],
-        _pv(loop_params, meas, STRIPPER_LEVEL),
-        time,
-    )
-    r5 = _positional(
-        loop_params,
-        loop_state,
-        REACTOR_PRESSURE,
-        scalars[SP_REACTOR_PRESSURE],
-        _pv(loop_params, meas, REACTOR_PRESSURE),
-        time,
-    )
-    condenser = _positional(
-        loop_params, loop_state, SEPARATOR_TEMPERATURE, sep_temp_sp, _pv(loop_params, meas, SEPARATOR_TEMPERATURE), time
-    )
-    reactor_cooling = _positional(
-        loop_params,
-        loop_state,
-        REACTOR_TEMPERATURE,
-        scalars[SP_REACTOR_TEMPERATURE],
-        _pv(loop_params, meas, REACTOR_TEMPERATURE),
-        time,
-    )
+
+@njit(cache=True)
+def control_action(controller, meas, time, action):
+    """RickerMultiLoopController.compute_action (composition trims on, %G feedback and overrides off) into
+    ``action``; updates the loop memories. ``controller`` is :meth:`ControllerTable.arrays` with the memories
+    ``(loop_params, loop_state, ctl, scalars, ints, feed_ratio, feed_mv, static_idx, static_val)``."""
+    loop_params, loop_state, ctl, scalars, ints, feed_ratio, feed_mv, static_idx, static_val = controller
+    fp = _production(loop_params, loop_state, ctl, scalars, meas, time)
+    r1, r2, r3, r4 = _composition(loop_params, loop_state, ctl, scalars, ints, meas, fp, time)
+    sep_temp_sp = _loop(loop_params, loop_state, REACTOR_LEVEL, scalars[SP_REACTOR_LEVEL], meas, time)
+    r6 = _loop(loop_params, loop_state, SEPARATOR_LEVEL, scalars[SP_SEPARATOR_LEVEL], meas, time)
+    r7 = _loop(loop_params, loop_state, STRIPPER_LEVEL, scalars[SP_STRIPPER_LEVEL], meas, time)
+    r5 = _loop(loop_params, loop_state, REACTOR_PRESSURE, scalars[SP_REACTOR_PRESSURE], meas, time)
+    condenser = _loop(loop_params, loop_state, SEPARATOR_TEMPERATURE, sep_temp_sp, meas, time)
+    reactor_cooling = _loop(loop_params, loop_state, REACTOR_TEMPERATURE, scalars[SP_REACTOR_TEMPERATURE], meas, time)
 
     ratios = (r1, r2, r3, r4, r5, r6, r7)
     action[:] = 0.0
     for i in range(NUM_FEED):
-        setpoint = ratios[feed_ratio[i]] * fp
-        action[feed_mv[i]] = _positional(loop_params, loop_state, i, setpoint, _pv(loop_params, meas, i), time)
+        action[feed_mv[i]] = _loop(loop_params, loop_state, i, ratios[feed_ratio[i]] * fp, meas, time)
     action[ints[MV_REACTOR_COOLING]] = reactor_cooling
     action[ints[MV_CONDENSER]] = condenser
     for j in range(static_idx.shape[0]):
@@ -194,113 +170,80 @@ def control_action(
 
 
 @njit(cache=True)
-def run_control(
-    set_inputs,
-    derivatives,
-    outputs,
-    shutdown_code,
-    handle,
-    state,
-    clock,
-    meas,
-    action,
-    idv,
-    loop_params,
-    loop_state,
-    ctl,
-    scalars,
-    ints,
-    feed_ratio,
-    feed_mv,
-    static_idx,
-    static_val,
-    interval,
-    fixed_step,
-    skip,
-    per_sample,
-    meas_idx,
-    mv_idx,
-    out,
-):
+def rk4(derivatives, handle, state, y, start, end, fixed_step, scratch):
+    """tep-studio's fixed-step RK4 from ``state`` at ``start`` to ``end`` into ``y`` (``scratch``: five work
+    vectors); ``k3`` at the time of ``k2``, as tep-studio evaluates it."""
+    k1, k2, k3, k4, tmp = scratch
+    nx = state.shape[0]
+    n = max(1, int(np.rint((end - start) / fixed_step)))
+    h = (end - start) / n
+    half = 0.5 * h
+    sixth = h / 6.0
+    t = start
+    for i in range(nx):
+        y[i] = state[i]
+    for _ in range(n):
+        k1[:] = 0.0
+        derivatives(handle, t, y.ctypes.data, k1.ctypes.data)
+        for i in range(nx):
+            tmp[i] = y[i] + half * k1[i]
+        k2[:] = 0.0
+        derivatives(handle, t + 0.5 * h, tmp.ctypes.data, k2.ctypes.data)
+        for i in range(nx):
+            tmp[i] = y[i] + half * k2[i]
+        k3[:] = 0.0
+        derivatives(handle, t + 0.5 * h, tmp.ctypes.data, k3.ctypes.data)
+        for i in range(nx):
+            tmp[i] = y[i] + h * k3[i]
+        k4[:] = 0.0
+        derivatives(handle, t + h, tmp.ctypes.data, k4.ctypes.data)
+        for i in range(nx):
+            y[i] = y[i] + sixth * (k1[i] + 2.0 * k2[i] + 2.0 * k3[i] + k4[i])
+        t += h
+
+
+@njit(cache=True)
+def run_control(native, handle, state, clock, meas, action, idv, controller, interval, fixed_step, sampling, out):
     """Advance plant and controller ``skip + per_sample * len(out)`` control intervals, recording
     ``meas[meas_idx]`` then ``action[mv_idx]`` (the implemented MVs) into each row of ``out`` every ``per_sample``
-    intervals after the first ``skip``. ``state`` (50), ``clock`` ([time]), ``meas`` (41), ``action`` (12) and
-    the controller memories are updated in place. Returns (status, intervals done): ``SHUTDOWN`` when the model
-    reports a shutdown after an interval (the interval is counted), ``DIVERGED`` when RK4 left the finite numbers
-    (the interval is not counted; ``state`` and ``clock`` keep its start)."""
+    intervals after the first ``skip``; ``sampling`` is ``(skip, per_sample, meas_idx, mv_idx)``. ``native`` holds
+    the model's functions (:func:`native_functions`), ``controller`` the controller's arrays (:func:`control_action`).
+    ``state`` (50), ``clock`` ([time]), ``meas`` (41), ``action`` (12) and the controller memories are updated in
+    place. Returns (status, intervals done): ``SHUTDOWN`` when the model reports a shutdown after an interval (the
+    interval is counted), ``DIVERGED`` when RK4 left the finite numbers (the interval is not counted; ``state`` and
+    ``clock`` keep its start)."""
+    set_inputs, derivatives, outputs, shutdown_code = native
+    skip, per_sample, meas_idx, mv_idx = sampling
     nx = state.shape[0]
-    k1 = np.empty(nx)
-    k2 = np.empty(nx)
-    k3 = np.empty(nx)
-    k4 = np.empty(nx)
+    scratch = (np.empty(nx), np.empty(nx), np.empty(nx), np.empty(nx), np.empty(nx))
     y = np.empty(nx)
-    tmp = np.empty(nx)
-    extra_add = np.zeros(32)
-    extra_dist = np.zeros(21)
-    extra_monitor = np.zeros(62)
-    extra_comp = np.zeros(96)
+    extras = (np.zeros(32), np.zeros(21), np.zeros(62), np.zeros(96))
     n_meas = meas_idx.shape[0]
     total = skip + per_sample * out.shape[0]
     for done in range(total):
         start = clock[0]
-        control_action(
-            loop_params,
-            loop_state,
-            ctl,
-            scalars,
-            ints,
-            feed_ratio,
-            feed_mv,
-            static_idx,
-            static_val,
-            meas,
-            start,
-            action,
-        )
+        control_action(controller, meas, start, action)
         for j in range(action.shape[0]):  # advance(): the implemented action is the clipped request
             action[j] = min(max(action[j], 0.0), 100.0)
         set_inputs(handle, action.ctypes.data, idv.ctypes.data)
         end = start + interval
-        n = max(1, int(np.rint((end - start) / fixed_step)))
-        h = (end - start) / n
-        half = 0.5 * h
-        sixth = h / 6.0
-        t = start
-        for i in range(nx):
-            y[i] = state[i]
-        for _ in range(n):
-            k1[:] = 0.0
-            derivatives(handle, t, y.ctypes.data, k1.ctypes.data)
-            for i in range(nx):
-                tmp[i] = y[i] + half * k1[i]
-            k2[:] = 0.0
-            derivatives(handle, t + 0.5 * h, tmp.ctypes.data, k2.ctypes.data)
-            for i in range(nx):
-                tmp[i] = y[i] + half * k2[i]
-            k3[:] = 0.0
-            derivatives(handle, t + 0.5 * h, tmp.ctypes.data, k3.ctypes.data)
-            for i in range(nx):
-                tmp[i] = y[i] + h * k3[i]
-            k4[:] = 0.0
-            derivatives(handle, t + h, tmp.ctypes.data, k4.ctypes.data)
-            for i in range(nx):
-                y[i] = y[i] + sixth * (k1[i] + 2.0 * k2[i] + 2.0 * k3[i] + k4[i])
-            t += h
+        rk4(derivatives, handle, state, y, start, end, fixed_step, scratch)
         for i in range(nx):
             if not np.isfinite(y[i]):
                 return DIVERGED, done
         for i in range(nx):
             state[i] = y[i]
         clock[0] = end
+        add, dist, monitor, comp = extras
         outputs(
             handle,
             end,
             state.ctypes.data,
             meas.ctypes.data,
-            extra_add.ctypes.data,
-            extra_dist.ctypes.data,
-            extra_monitor.ctypes.data,
-            extra_comp.ctypes.data,
+            add.ctypes.data,
+            dist.ctypes.data,
+            monitor.ctypes.data,
+            comp.ctypes.data,
         )
         if shutdown_code(handle) != 0.0:
             return SHUTDOWN, done + 1
@@ -335,6 +278,27 @@ def native_functions() -> tuple:
             pointer("tep_shutdown_code", ctypes.c_double, _VOID),
         )
     return _FUNCTIONS
+
+
+def controller_scalars(nominal, sp) -> np.ndarray:
+    """The controller's scalars (:data:`NUM_SCALARS`): the registry's nominal conditions and the mode's setpoints."""
+    scalars = np.zeros(NUM_SCALARS, dtype=np.float64)
+    scalars[FP_BASE] = nominal.fp_base
+    scalars[PROD_RATE] = nominal.production_sp_rate_limit
+    scalars[PCTG_RATE] = nominal.pct_g_sp_rate_limit
+    scalars[P2 : P2 + 3] = nominal.p2_coeffs
+    scalars[P3 : P3 + 3] = nominal.p3_coeffs
+    scalars[FF_D], scalars[FF_E], scalars[EADJ0] = nominal.ff_gain_d, nominal.ff_gain_e, nominal.eadj0
+    scalars[SP_REACTOR_LEVEL] = sp.reactor_level
+    scalars[SP_REACTOR_PRESSURE] = sp.reactor_pressure
+    scalars[SP_REACTOR_TEMPERATURE] = sp.reactor_temperature
+    scalars[SP_SEPARATOR_LEVEL] = sp.separator_level
+    scalars[SP_STRIPPER_LEVEL] = sp.stripper_level
+    scalars[SP_PCT_G] = sp.pct_g
+    scalars[SP_PRODUCTION] = sp.production_rate
+    scalars[SP_YA] = sp.ya
+    scalars[SP_YAC] = sp.yac
+    return scalars
 
 
 class ControllerTable:
@@ -373,23 +337,7 @@ class ControllerTable:
         for i, spec in enumerate(self.specs):
             params[i] = (spec.kc, spec.ti_hours, spec.ts_hours, spec.hi, spec.lo, meas(spec.pv) if spec.pv else -1)
         self.loop_params = params
-        scalars = np.zeros(NUM_SCALARS, dtype=np.float64)
-        scalars[FP_BASE] = nominal.fp_base
-        scalars[PROD_RATE] = nominal.production_sp_rate_limit
-        scalars[PCTG_RATE] = nominal.pct_g_sp_rate_limit
-        scalars[P2 : P2 + 3] = nominal.p2_coeffs
-        scalars[P3 : P3 + 3] = nominal.p3_coeffs
-        scalars[FF_D], scalars[FF_E], scalars[EADJ0] = nominal.ff_gain_d, nominal.ff_gain_e, nominal.eadj0
-        scalars[SP_REACTOR_LEVEL] = sp.reactor_level
-        scalars[SP_REACTOR_PRESSURE] = sp.reactor_pressure
-        scalars[SP_REACTOR_TEMPERATURE] = sp.reactor_temperature
-        scalars[SP_SEPARATOR_LEVEL] = sp.separator_level
-        scalars[SP_STRIPPER_LEVEL] = sp.stripper_level
-        scalars[SP_PCT_G] = sp.pct_g
-        scalars[SP_PRODUCTION] = sp.production_rate
-        scalars[SP_YA] = sp.ya
-        scalars[SP_YAC] = sp.yac
-        self.scalars = scalars
+        self.scalars = controller_scalars(nominal, sp)
         self.ratios = dict(nominal.ratios)
         self.ints = np.array(
             [
@@ -407,6 +355,20 @@ class ControllerTable:
         self.feed_mv = np.array([mv(loop.mv) for loop in reg.feed_loops], dtype=np.int64)
         self.static_idx = np.array([mv(name) for name in nominal.static_mv], dtype=np.int64)
         self.static_val = np.array(list(nominal.static_mv.values()), dtype=np.float64)
+
+    def arrays(self, loop_state: np.ndarray, ctl: np.ndarray) -> tuple:
+        """The controller as :func:`control_action` takes it, with the memories ``loop_state`` and ``ctl``."""
+        return (
+            self.loop_params,
+            loop_state,
+            ctl,
+            self.scalars,
+            self.ints,
+            self.feed_ratio,
+            self.feed_mv,
+            self.static_idx,
+            self.static_val,
+        )
 
     def reset(self, meas: np.ndarray, time: float) -> tuple[np.ndarray, np.ndarray]:
         """RickerMultiLoopController.reset: (loop memories, controller memory) for a bumpless start at ``time``."""
@@ -469,30 +431,24 @@ class CompiledPlant:
         idv_in = np.ascontiguousarray(idv, dtype=np.float64)
         out = np.empty((count, len(meas_idx) + len(mv_idx)), dtype=np.float64)
         handle = int(ffi.cast("uintptr_t", self.sim.kernel._handle))
-        t = self.table
+        sampling = (
+            int(skip),
+            int(per_sample),
+            np.ascontiguousarray(meas_idx, dtype=np.int64),
+            np.ascontiguousarray(mv_idx, dtype=np.int64),
+        )
         status, done = run_control(
-            *self.functions,
+            self.functions,
             handle,
             self.state,
             self.clock,
             self.meas,
             self.action,
             idv_in,
-            t.loop_params,
-            self.loop_state,
-            self.ctl,
-            t.scalars,
-            t.ints,
-            t.feed_ratio,
-            t.feed_mv,
-            t.static_idx,
-            t.static_val,
+            self.table.arrays(self.loop_state, self.ctl),
             self.control_interval,
             self.sim.fixed_step,
-            int(skip),
-            int(per_sample),
-            np.ascontiguousarray(meas_idx, dtype=np.int64),
-            np.ascontiguousarray(mv_idx, dtype=np.int64),
+            sampling,
             out,
         )
         self._sync(idv_in)
