@@ -285,6 +285,25 @@ class TEPBenchmark(Benchmark):
         )
         return f"tep-{VERSION}-{self.variant}-n{self.samples_per_class}-seed{seed}-{domain}-{_digest(settings)}"
 
+    def cached_windows(
+        self, domains: Sequence[str], keep: bool = True
+    ) -> tuple[dict[tuple[str, str], dict[str, np.ndarray]], dict[str, list[str]]]:
+        """``(found, needs)``: the classes of ``domains`` in the cache (``{(mode, class): arrays}``, empty unless
+        ``keep``) and those missing (``{mode: [class, ...]}``)."""
+        for domain in domains:
+            check_domain("tep", domain, MODES)
+        found: dict[tuple[str, str], dict[str, np.ndarray]] = {}
+        needs: dict[str, list[str]] = {}
+        for domain in domains:
+            for cls in self.classes:
+                arrays = load_arrays(self.config.cache_dir, self.cache_name(domain, cls))
+                if arrays is not None and set(arrays) == set(WINDOW_ARRAYS):
+                    if keep:
+                        found[domain, cls] = arrays
+                else:
+                    needs.setdefault(domain, []).append(cls)
+        return found, needs
+
     def class_windows(
         self,
         domains: Sequence[str],
@@ -298,18 +317,7 @@ class TEPBenchmark(Benchmark):
         cache, the missing classes simulated now (:func:`tep_simulation.simulate_classes`, its chunks handed to
         ``map_chunks``, default ``workers`` processes: None takes ``data.workers``) and cached class by class.
         ``keep=False`` (building the cache ahead of a run) returns only what could not be cached."""
-        for domain in domains:
-            check_domain("tep", domain, MODES)
-        found: dict[tuple[str, str], dict[str, np.ndarray]] = {}
-        needs: dict[str, list[str]] = {}
-        for domain in domains:
-            for cls in self.classes:
-                arrays = load_arrays(self.config.cache_dir, self.cache_name(domain, cls))
-                if arrays is not None and set(arrays) == set(WINDOW_ARRAYS):
-                    if keep:
-                        found[domain, cls] = arrays
-                else:
-                    needs.setdefault(domain, []).append(cls)
+        found, needs = self.cached_windows(domains, keep)
         if not needs:
             return found
         _require_tep()

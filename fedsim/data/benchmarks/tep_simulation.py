@@ -388,6 +388,93 @@ def chunks(windows: Sequence[int], size: int) -> list[list[int]]:
     return [list(windows[i : i + size]) for i in range(0, len(windows), size)]
 
 
+def check_needs(needs: dict[str, Sequence[str]], windows_per_class: int) -> None:
+    """ValueError for an unknown mode or class, or no windows."""
+    for mode in needs:
+        if mode not in MODES:
+            raise ValueError(f"unknown TEP mode {mode!r}")
+        unknown = [c for c in needs[mode] if c not in CLASS_KEYS]
+        if unknown:
+            raise ValueError(f"unknown TEP classes {unknown}: use 'normal' or idv_01 ... idv_28")
+    if windows_per_class < 1:
+        raise ValueError("windows per class must be positive")
+
+
+@dataclasses.dataclass
+class WindowBuild:
+    """One :func:`simulate_classes` call's work: its settings, the chunk mapper, the progress bar and where each
+    finished class goes (``finish(mode, class, windows)``)."""
+
+    windows_per_class: int
+    seed: int
+    timings: dict[str, WindowTiming]
+    chunk_windows: int
+    mapper: Callable[[Callable, Sequence], Iterable]
+    bar: tqdm
+    finish: Callable[[str, str, ClassWindows], None]
+
+    def fault_free(self, modes: Sequence[str]) -> dict[str, list[Onset]]:
+        """Every mode's fault-free run (one task each): the normal class finished, the onsets returned."""
+        n = self.windows_per_class
+        tasks = [("normal", m, n, self.seed, self.timings[m]) for m in modes]
+        onsets = {}
+        for mode, (x, mode_onsets) in zip(modes, self.mapper(run_task, tasks)):
+            onsets[mode] = mode_onsets
+            self.bar.update(n)
+            self.finish(mode, "normal", ClassWindows(x, np.arange(n, dtype=np.int64), 0.0, 0))
+        return onsets
+
+    def faults(self, pending: list[tuple[str, str]], onsets: dict) -> None:
+        """The (mode, class) pairs ``pending``, each at the highest intensity at which a window runs through."""
+        shutdowns = {key: 0 for key in pending}
+        for level in range(len(INTENSITIES)):
+            if not pending:
+                break
+            retry = self.fault_level(level, pending, onsets, shutdowns)
+            if retry and level + 1 < len(INTENSITIES):
+                self.bar.total += self.windows_per_class * len(retry)
+                self.bar.refresh()
+            pending = retry
+        if pending:
+            mode, cls = pending[0]
+            length = self.timings[mode].length * self.timings[mode].sample_hours
+            raise UserError(
+                f"TEP {mode}: {cls} shuts the plant down in every window at every intensity "
+                f"({', '.join(f'{i:.0%}' for i in INTENSITIES)}) within {length:g} h; choose another data.seed"
+            )
+
+    def fault_level(
+        self, level: int, pending: Sequence[tuple[str, str]], onsets: dict, shutdowns: dict
+    ) -> list[tuple[str, str]]:
+        """The ``pending`` (mode, class) pairs at ``INTENSITIES[level]``, in chunks: each class finished as soon as
+        its last chunk is in; returns the pairs whose every window shut the plant down (``shutdowns`` counts)."""
+        n = self.windows_per_class
+        tasks, owners = [], []
+        for mode, cls in pending:
+            for part in chunks(range(n), self.chunk_windows):
+                part_onsets = [onsets[mode][k] for k in part]
+                tasks.append(("fault", mode, cls, level, part, part_onsets, self.seed, self.timings[mode]))
+                owners.append((mode, cls, part))
+        left = {key: -(-n // self.chunk_windows) for key in pending}
+        got: dict[tuple[str, str], list] = {key: [] for key in pending}
+        retry = []
+        for (mode, cls, part), windows in zip(owners, self.mapper(run_task, tasks)):
+            got[mode, cls].extend((k, w) for k, w in zip(part, windows) if w is not None)
+            self.bar.update(len(part))
+            left[mode, cls] -= 1
+            if left[mode, cls]:
+                continue
+            kept = got.pop((mode, cls))  # every chunk of the class is in: finish it (windows in onset order)
+            shutdowns[mode, cls] += n - len(kept)
+            if not kept:
+                retry.append((mode, cls))
+                continue
+            x = np.stack([w for _, w in kept])
+            index = np.array([k for k, _ in kept], dtype=np.int64)
+            self.finish(mode, cls, ClassWindows(x, index, float(INTENSITIES[level]), shutdowns[mode, cls]))
+        return retry
+
+
 def simulate_classes(
     needs: dict[str, Sequence[str]],
     windows_per_class: int,
@@ -416,15 +503,8 @@ def simulate_classes(
     given, receives each class as soon as it is complete (then nothing is kept and the result is empty), so that a
     large build is written out class by class; a tqdm bar counts the windows (``progress``).
     """
+    check_needs(needs, windows_per_class)
     modes = [m for m in MODES if needs.get(m)]
-    for mode in needs:
-        if mode not in MODES:
-            raise ValueError(f"unknown TEP mode {mode!r}")
-        unknown = [c for c in needs[mode] if c not in CLASS_KEYS]
-        if unknown:
-            raise ValueError(f"unknown TEP classes {unknown}: use 'normal' or idv_01 ... idv_28")
-    if windows_per_class < 1:
-        raise ValueError("windows per class must be positive")
     timings = {m: (timings or {}).get(m) or WindowTiming(SETTLE_HOURS[m]) for m in modes}
     faults = {m: [c for c in dict.fromkeys(needs[m]) if c != "normal"] for m in modes}
     total = sum(windows_per_class * (1 + len(faults[m])) for m in modes)
@@ -442,52 +522,10 @@ def simulate_classes(
         else:
             sink(mode, cls, windows)
 
+    build = WindowBuild(windows_per_class, seed, timings, chunk_windows, mapper, bar, finish)
     try:
-        normal_tasks = [("normal", m, windows_per_class, seed, timings[m]) for m in modes]
-        onsets = {}
-        for mode, (x, mode_onsets) in zip(modes, mapper(run_task, normal_tasks)):
-            onsets[mode] = mode_onsets
-            bar.update(windows_per_class)
-            finish(mode, "normal", ClassWindows(x, np.arange(windows_per_class, dtype=np.int64), 0.0, 0))
-        pending = [(m, c) for m in modes for c in faults[m]]
-        shutdowns = {key: 0 for key in pending}
-        for level in range(len(INTENSITIES)):
-            if not pending:
-                break
-            tasks, owners = [], []
-            for mode, cls in pending:
-                for part in chunks(range(windows_per_class), chunk_windows):
-                    part_onsets = [onsets[mode][k] for k in part]
-                    tasks.append(("fault", mode, cls, level, part, part_onsets, seed, timings[mode]))
-                    owners.append((mode, cls, part))
-            left = {key: -(-windows_per_class // chunk_windows) for key in pending}
-            got: dict[tuple[str, str], list] = {key: [] for key in pending}
-            retry = []
-            for (mode, cls, part), windows in zip(owners, mapper(run_task, tasks)):
-                got[mode, cls].extend((k, w) for k, w in zip(part, windows) if w is not None)
-                bar.update(len(part))
-                left[mode, cls] -= 1
-                if left[mode, cls]:
-                    continue
-                kept = got.pop((mode, cls))  # every chunk of the class is in: finish it (windows in onset order)
-                shutdowns[mode, cls] += windows_per_class - len(kept)
-                if not kept:
-                    retry.append((mode, cls))
-                    continue
-                x = np.stack([w for _, w in kept])
-                index = np.array([k for k, _ in kept], dtype=np.int64)
-                finish(mode, cls, ClassWindows(x, index, float(INTENSITIES[level]), shutdowns[mode, cls]))
-            if retry and level + 1 < len(INTENSITIES):
-                bar.total += windows_per_class * len(retry)
-                bar.refresh()
-            pending = retry
-        if pending:
-            mode, cls = pending[0]
-            length = timings[mode].length * timings[mode].sample_hours
-            raise UserError(
-                f"TEP {mode}: {cls} shuts the plant down in every window at every intensity "
-                f"({', '.join(f'{i:.0%}' for i in INTENSITIES)}) within {length:g} h; choose another data.seed"
-            )
+        onsets = build.fault_free(modes)
+        build.faults([(m, c) for m in modes for c in faults[m]], onsets)
     finally:
         bar.close()
         if owned:
