@@ -57,9 +57,19 @@ def _table(group: str) -> dict[str, str]:
 class Registry(Generic[T]):
     """A named collection of classes (or factories) of one kind."""
 
-    def __init__(self, kind: str, cli_flag: str, package: str, group: str, base: Optional[str], expected: str):
+    def __init__(
+        self,
+        kind: str,
+        cli_flag: str,
+        package: str,
+        group: str,
+        base: Optional[str],
+        expected: str,
+        one_module: bool = False,
+    ):
         """``group``: the entry-point group of plugins; ``base``: "module:Class" a plugin must subclass (None: any
-        callable); ``expected``: what a plugin must be, in the error that refuses another object."""
+        callable); ``expected``: what a plugin must be, in the error that refuses another object; ``one_module``:
+        ``package`` is one module holding every built-in, listed in the order they are registered."""
         self.kind = kind
         """What the registry holds, in messages: "method", "benchmark" or "model"."""
         self.cli_flag = cli_flag
@@ -80,6 +90,8 @@ class Registry(Generic[T]):
         """Plugin name -> the "module:attribute" it loads (dotted paths and entry points)."""
         self.origins: dict[str, str] = {}
         """Plugin name -> where it comes from, for ``fedsim list``."""
+        self.one_module = one_module
+        """The built-ins all live in the module ``package`` (scores, privacy mechanisms), not one file each."""
         self._entry_points: Optional[tuple[dict[str, EntryPoint], dict[str, str]]] = None
 
     def register(self, name: str) -> Callable[[T], T]:
@@ -107,6 +119,14 @@ class Registry(Generic[T]):
             raise UserError(f"{message}, or a plugin as module.path:Attribute")
         return self._entries[name]
 
+    def __getitem__(self, name: str) -> T:
+        return self.get(name)
+
+    def builtin_names(self) -> list[str]:
+        """The built-in names, in the order they are registered."""
+        self._load_all()
+        return [name for name, obj in self._entries.items() if self._is_builtin(obj)]
+
     def check(self, name: str) -> None:
         """Raise :meth:`get`'s UserError now for a name that is not a built-in's file or package (a built-in's
         module is imported where it is used: a driver that builds no model never imports torch)."""
@@ -121,6 +141,8 @@ class Registry(Generic[T]):
 
     def _has_module(self, name: str) -> bool:
         """Whether the built-in package has a module or package ``name`` (found without importing the package)."""
+        if self.one_module:
+            return False
         spec = importlib.util.find_spec(self.package)
         folders = [Path(folder) for folder in (spec.submodule_search_locations or [])] if spec else []
         return any((f / f"{name}.py").is_file() or (f / name / "__init__.py").is_file() for f in folders)
@@ -137,7 +159,8 @@ class Registry(Generic[T]):
                     if name in self._entries or self._is_ambiguous(name):
                         raise  # a clash with a built-in, or two declarations: the installation needs fixing
                     self.unavailable[name] = str(exc)
-        return sorted(name for name in self._entries if not is_path(name))
+        listed = [name for name in self._entries if not is_path(name)]
+        return listed if self.one_module else sorted(listed)
 
     def plugins(self) -> dict[str, str]:
         """{name: origin} of the plugins registered in this process (entry points once :meth:`names` ran)."""
@@ -165,7 +188,9 @@ class Registry(Generic[T]):
             if name not in self._entries:
                 self._add_plugin(name, name, name)
             return True
-        if name not in self._entries and name.isidentifier() and not name.startswith("_"):
+        if self.one_module:
+            self._load_all()
+        elif name not in self._entries and name.isidentifier() and not name.startswith("_"):
             module = f"{self.package}.{name}"
             if importlib.util.find_spec(module) is not None:
                 importlib.import_module(module)
@@ -190,7 +215,8 @@ class Registry(Generic[T]):
         return name in self._entries
 
     def _is_builtin(self, obj: Any) -> bool:
-        return str(getattr(obj, "__module__", "")).startswith(self.package + ".")
+        module = str(getattr(obj, "__module__", ""))
+        return module == self.package or module.startswith(self.package + ".")
 
     def _add_plugin(self, name: str, target: str, origin: str) -> None:
         """Load ``target`` ("module:attribute"), check it is of this registry's kind, register it as ``name``."""
@@ -218,8 +244,11 @@ class Registry(Generic[T]):
         if not self._all_loaded:
             from fedsim.discovery import import_submodules
 
-            self.unavailable.update(import_submodules(self.package))
             self._all_loaded = True
+            if self.one_module:
+                importlib.import_module(self.package)
+            else:
+                self.unavailable.update(import_submodules(self.package))
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.names())
@@ -251,10 +280,26 @@ MODELS: Registry = Registry(
 :class:`fedsim.models.Classifier`."""
 
 
+SCORES: Registry = Registry(
+    "score", "--set run.scores=...", "fedsim.selection.statistics", "fedsim.scores", "fedsim.selection.scores:Score",
+    "a subclass of fedsim.selection.Score", one_module=True,
+)  # fmt: skip
+"""The model-selection scores (``run.scores``): subclasses of :class:`fedsim.selection.Score`."""
+MECHANISMS: Registry = Registry(
+    "privacy mechanism", "--set privacy.mechanism=...", "fedsim.privacy.mechanism", "fedsim.privacy",
+    "fedsim.privacy.mechanism:Mechanism", "a subclass of fedsim.privacy.Mechanism", one_module=True,
+)  # fmt: skip
+"""The privacy mechanisms (``privacy.mechanism``): subclasses of :class:`fedsim.privacy.Mechanism`."""
+
+
 def named_parts(config) -> list[tuple[Registry, str]]:
     """The (registry, name) of a config's method, benchmark and model ("auto" models left out)."""
     parts = [(METHODS, config.method.name), (BENCHMARKS, config.data.benchmark)]
-    return parts + ([(MODELS, config.model.name)] if config.model.name != "auto" else [])
+    parts += [(MODELS, config.model.name)] if config.model.name != "auto" else []
+    scores = [name.strip() for name in str(config.run.scores).split(",")]
+    parts += [(SCORES, name) for name in scores if name and name.lower() not in ("auto", "none")]
+    mechanism = getattr(config.privacy, "mechanism", None)
+    return parts + ([(MECHANISMS, mechanism)] if config.privacy.active and mechanism else [])
 
 
 def plugin_targets(configs: Iterable) -> list[str]:

@@ -1,5 +1,5 @@
 """The model-selection scores of fedsim.selection: per-client statistics combined on the server equal the
-centralized definitions (fedsim.selection.reference), which equal skada 0.4.0's scorers where skada has the score.
+centralized definitions (tests/selection_reference.py), which equal skada 0.4.0's scorers where skada has the score.
 
 Compared with skada: PredictionEntropyScorer (skada's "mean" reduction averages p log p over all n*K entries, so its
 value times K is the mean per-row entropy), SoftNeighborhoodDensity, and DeepEmbeddedValidation with its domain
@@ -19,6 +19,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+import selection_reference as reference
 from scipy.special import expit, log_softmax, softmax
 
 from fedsim.errors import NumericalError, UserError
@@ -28,7 +29,6 @@ from fedsim.selection import (
     combine_statistics,
     fit_density_ratio,
     moment_statistics,
-    reference,
     resolve_scores,
     source_statistics,
     statistics,

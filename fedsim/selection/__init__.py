@@ -22,14 +22,16 @@ the scores (every one oriented so that higher is better, as skada's scorers are)
   or 5 (dev) numbers: their weighted sums, scaled by their own largest weight, and its log. iwv is self-normalized
   (sum w l / sum w). Requested only (not "auto").
 
-:func:`resolve_scores` checks a request; :func:`combine_statistics` forms ``{"score_<name>": value}``. The
-centralized definitions on pooled arrays live in :mod:`fedsim.selection.reference`. Modules:
-:mod:`fedsim.selection.scores` (the registry), :mod:`fedsim.selection.statistics` (per-client sums and their
-combination), :mod:`fedsim.selection.density` (the density ratio).
+:func:`resolve_scores` checks a request; :func:`combine_statistics` forms ``{"score_<name>": value}``. Each score is
+a :class:`Score` subclass in :data:`SCORES` (:data:`fedsim.registry.SCORES`), the built-ins as a user's score:
+``run.scores=entropy,mypkg.scores:MyScore`` adds one from the user's package (``docs/extending.md``). Modules:
+:mod:`fedsim.selection.scores` (the interface and the request), :mod:`fedsim.selection.statistics` (the built-in
+scores, per-client sums and their combination), :mod:`fedsim.selection.density` (the density ratio).
 """
 
+from fedsim.registry import SCORES
 from fedsim.selection.density import DensityRatio, fit_density_ratio, moment_statistics
-from fedsim.selection.scores import SCORES, Score, resolve_scores
+from fedsim.selection.scores import Score, resolve_scores
 from fedsim.selection.statistics import combine_statistics, source_statistics, target_statistics
 
 __all__ = [

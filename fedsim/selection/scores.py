@@ -1,14 +1,16 @@
-"""The registry of the model-selection scores and the resolution of a user's request into score names.
+"""The interface of a model-selection score, and the resolution of a user's request into score names.
 
-Every score is oriented so that higher is better (as skada's scorers are). :func:`resolve_scores` turns the
-``selection.scores`` request ("auto", "none", a comma list or a sequence of names) into checked names; a bad name is a
-:class:`fedsim.errors.UserError` naming the fix.
+A score is a :class:`Score` subclass found through :data:`fedsim.registry.SCORES` (the built-ins are in
+:mod:`fedsim.selection.statistics`). Every score is oriented so that higher is better (as skada's scorers are).
+:func:`resolve_scores` turns the ``run.scores`` request ("auto", "none", a comma list or a sequence of names) into
+checked names; a bad name is a :class:`fedsim.errors.UserError` naming the fix.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Sequence, Union
+from typing import ClassVar, Sequence, Union
+
+import numpy as np
 
 from fedsim.errors import UserError
 
@@ -16,98 +18,61 @@ from fedsim.errors import UserError
 VALIDATION_FIX = "--set data.validation_fraction=0.2"
 
 
-@dataclass(frozen=True)
 class Score:
-    """One model-selection score: its citation, which inputs it needs, and whether it is computed by default.
+    """A model-selection score: what each client computes from its rows and how the server combines it.
 
-    ``needs_validation``: it reads the sources' held-out validation part (labels included);
-    ``needs_density``: it weighs those rows by the density ratio w = p_target / p_source (one more exchange);
-    ``cheap``: "auto" computes it whenever its inputs exist.
+    A score is a class (built-in or in the user's package, named in ``run.scores`` by its registered name, a dotted
+    path ``mypkg.scores:MyScore`` or an entry point of group ``fedsim.scores``); fedsim makes one with no argument.
+    Higher is better. A source client calls :meth:`source_statistics` on its held-out validation part when
+    ``needs_validation``; a target client calls :meth:`target_statistics` on its unlabeled training inputs (no label
+    reaches it); the server calls :meth:`combine` on the clients' statistics, pooled over sources and targets. The
+    statistics are plain floats under keys of the score's own (keys two scores share must mean the same sum);
+    every source's holds ``n_validation``, every target's ``n_target``.
     """
 
-    name: str
-    paper: str
-    needs_validation: bool
-    needs_density: bool
-    cheap: bool
-    description: str
+    paper: ClassVar[str] = ""
+    """The citation of the score's definition."""
+    description: ClassVar[str] = ""
+    """One line: what the score measures."""
+    needs_validation: ClassVar[bool] = False
+    """It reads the sources' held-out validation part (labels included)."""
+    needs_density: ClassVar[bool] = False
+    """It weighs the validation rows by the density ratio w = p_target / p_source (one more exchange)."""
+    cheap: ClassVar[bool] = False
+    """A built-in that "auto" computes whenever its inputs exist."""
+    registry_name: ClassVar[str] = ""
+    """The name it is registered under (set by the registry)."""
+
+    @classmethod
+    def column(cls) -> str:
+        """Its metric, ``score_<name>``: the registered name, or a dotted path's class name in lower case."""
+        return "score_" + cls.registry_name.rpartition(":")[2].lower()
+
+    def source_statistics(self, logits: np.ndarray, labels: np.ndarray, losses: np.ndarray, log_weights) -> dict:
+        """A source's sums, from its validation rows' logits [n, K] (float64), integer labels [n], cross-entropies
+        [n] and, for a score that ``needs_density``, log w(x) per row (None otherwise)."""
+        return {}
+
+    def target_statistics(self, logits: np.ndarray, log_probabilities: np.ndarray) -> dict:
+        """A target client's sums, from its unlabeled rows' logits [n, K] and their log softmax (float64)."""
+        return {}
+
+    def combine(self, sources: Sequence[dict], targets: Sequence[dict]) -> float:
+        """The score from every source's and every target's statistics."""
+        raise NotImplementedError(f"{type(self).__name__} must define combine(sources, targets)")
 
 
-_DOMAINBED = "Gulrajani & Lopez-Paz, In Search of Lost Domain Generalization, ICLR 2021 (training-domain validation)"
+def score(name: str) -> Score:
+    """The score registered as ``name`` (a built-in, a dotted path or an entry point), made."""
+    from fedsim.registry import SCORES
 
-#: the scores, in the order their columns appear
-SCORES: dict[str, Score] = {
-    score.name: score
-    for score in (
-        Score(
-            "source_accuracy",
-            _DOMAINBED,
-            needs_validation=True,
-            needs_density=False,
-            cheap=True,
-            description="accuracy on the sources' validation parts, pooled: sum correct / sum n",
-        ),
-        Score(
-            "source_loss",
-            _DOMAINBED,
-            needs_validation=True,
-            needs_density=False,
-            cheap=True,
-            description="minus the mean cross-entropy on the sources' validation parts",
-        ),
-        Score(
-            "entropy",
-            "Morerio, Cavazza & Murino, Minimal-Entropy Correlation Alignment for Unsupervised Deep Domain "
-            "Adaptation, ICLR 2018",
-            needs_validation=False,
-            needs_density=False,
-            cheap=True,
-            description="minus the mean prediction entropy on the target's unlabeled inputs",
-        ),
-        Score(
-            "snd",
-            "Saito, Kim, Teterwak, Sclaroff, Darrell & Saenko, Tune it the Right Way: Unsupervised Validation of "
-            "Domain Adaptation via Soft Neighborhood Density, ICCV 2021",
-            needs_validation=False,
-            needs_density=False,
-            cheap=False,  # its similarity matrix grows with the square of the target's rows (digits: a minute)
-            description="soft neighborhood density of the target's softmax outputs (temperature 0.05); on request: "
-            "its cost grows with the square of the target client's rows",
-        ),
-        Score(
-            "mano",
-            "Xie, Odonnat, Feofanov, Deng, Zhang & An, MaNo: Exploiting Matrix Norm for Unsupervised Accuracy "
-            "Estimation Under Distribution Shifts, NeurIPS 2024",
-            needs_validation=False,
-            needs_density=False,
-            cheap=True,
-            description="scaled L4 matrix norm of the target's normalized logits (softmax or Taylor, by a criterion)",
-        ),
-        Score(
-            "iwv",
-            "Sugiyama, Krauledat & Mueller, Covariate Shift Adaptation by Importance Weighted Cross Validation, "
-            "JMLR 2007",
-            needs_validation=True,
-            needs_density=True,
-            cheap=False,
-            description="minus the self-normalized importance-weighted loss on the sources' validation parts, "
-            "sum w l / sum w",
-        ),
-        Score(
-            "dev",
-            "You, Wang, Long & Wang, Towards Accurate Model Selection in Deep Unsupervised Domain Adaptation, "
-            "ICML 2019",
-            needs_validation=True,
-            needs_density=True,
-            cheap=False,
-            description="minus the deep-embedded-validation risk (importance weights with a control variate)",
-        ),
-    )
-}
+    return SCORES.get(name)()
 
 
 def _known() -> str:
-    return ", ".join(SCORES) + " (or 'auto', or 'none')"
+    from fedsim.registry import SCORES
+
+    return ", ".join(SCORES.names()) + " (or 'auto', or 'none', or a plugin as module.path:Class)"
 
 
 def _names(requested: Union[str, Sequence[str]]) -> list[str]:
@@ -117,7 +82,7 @@ def _names(requested: Union[str, Sequence[str]]) -> list[str]:
         parts = list(requested)
     else:
         raise UserError(f"selection scores must be a name, a comma list or a list of names, got {requested!r}")
-    names = [part.strip().lower() for part in parts]
+    names = [part.strip() if ":" in part else part.strip().lower() for part in parts]
     if not names or any(not name for name in names):
         raise UserError(f"selection scores {requested!r} holds an empty name: name scores from {_known()}")
     return names
@@ -130,17 +95,20 @@ def resolve_scores(requested: Union[str, Sequence[str]], has_validation: bool) -
     ``"none"``: no score; a comma string or a sequence of names: those names. An unknown name, or a name that needs
     the sources' validation part while ``has_validation`` is False, is a :class:`fedsim.errors.UserError`.
     """
+    from fedsim.registry import SCORES
+
     names = _names(requested)
     if names == ["none"]:
         return ()
     if names == ["auto"]:
-        return tuple(n for n, s in SCORES.items() if s.cheap and (has_validation or not s.needs_validation))
+        builtins = [(name, SCORES.get(name)) for name in SCORES.builtin_names()]
+        return tuple(n for n, s in builtins if s.cheap and (has_validation or not s.needs_validation))
     for name in names:
         if name in ("auto", "none"):
             raise UserError(f"selection scores {requested!r}: '{name}' stands alone, not in a list of names")
-        if name not in SCORES:
+        if ":" not in name and name not in SCORES:
             raise UserError(f"unknown selection score {name!r}: the known scores are {_known()}")
-        if SCORES[name].needs_validation and not has_validation:
+        if SCORES.get(name).needs_validation and not has_validation:
             raise UserError(
                 f"selection score {name!r} needs the sources' held-out validation part, which this run does not "
                 f"hold: add {VALIDATION_FIX}"
@@ -148,12 +116,14 @@ def resolve_scores(requested: Union[str, Sequence[str]], has_validation: bool) -
     return tuple(dict.fromkeys(names))
 
 
-def checked_names(scores: Sequence[str]) -> tuple[str, ...]:
-    """``scores`` as a tuple, each a key of :data:`SCORES` (a ValueError otherwise: names come from
+def checked_scores(scores: Sequence[str]) -> list[Score]:
+    """The scores named by ``scores``, made (a ValueError for an unknown name: names come from
     :func:`resolve_scores`, so an unknown one here is a programming error)."""
+    from fedsim.registry import SCORES
+
     if isinstance(scores, str):
         raise ValueError(f"scores must be a sequence of names, got the string {scores!r}")
-    unknown = [name for name in scores if name not in SCORES]
+    unknown = [name for name in scores if ":" not in name and name not in SCORES]
     if unknown:
-        raise ValueError(f"unknown score names {unknown}: the known ones are {list(SCORES)}")
-    return tuple(scores)
+        raise ValueError(f"unknown score names {unknown}: the known ones are {SCORES.names()}")
+    return [score(name) for name in scores]

@@ -4,7 +4,7 @@ A source client computes :func:`source_statistics` on its held-out validation pa
 :func:`target_statistics` on its training inputs and is given no labels at all (the function has no parameter for
 them). Both return a few plain floats; :func:`combine_statistics` adds them over clients (``math.fsum``) and forms
 each score, higher is better. For one target client and any number of sources every score equals its centralized
-definition on the pooled rows (:mod:`fedsim.selection.reference`); with several target clients the sums-based scores
+definition on the pooled rows (the tests' reference); with several target clients the sums-based scores
 (entropy, MaNo) still do, and SND is the n-weighted mean of the clients' values (it needs every pair of rows).
 
 The statistics (keys of the returned dicts):
@@ -20,12 +20,13 @@ from __future__ import annotations
 import functools
 import logging
 import math
-from typing import Callable, Optional, Sequence
+from typing import Optional, Sequence
 
 import numpy as np
 
 from fedsim.errors import NumericalError, first_values
-from fedsim.selection.scores import SCORES, checked_names
+from fedsim.registry import SCORES
+from fedsim.selection.scores import Score, checked_scores
 
 logger = logging.getLogger(__name__)
 
@@ -82,17 +83,14 @@ def source_statistics(
     (:meth:`fedsim.selection.DensityRatio.log_weights` of the rows' features). Target scores in ``scores`` are
     skipped here.
     """
-    names = checked_names(scores)
+    chosen = checked_scores(scores)
     logits = _as_logits(logits)
     labels = _as_labels(labels, logits)
     stats = {"n_validation": float(len(labels))}
-    if "source_accuracy" in names:
-        stats["correct"] = float(np.count_nonzero(np.argmax(logits, axis=1) == labels))
     loss = -_log_softmax(logits)[np.arange(len(labels)), labels]
-    if "source_loss" in names:
-        stats["loss_sum"] = math.fsum(loss)
-    if any(SCORES[name].needs_density for name in names):
-        stats.update(_weighted_loss_sums(loss, log_weights, with_dev="dev" in names))
+    for score in chosen:
+        if score.needs_validation:
+            stats.update(score.source_statistics(logits, labels, loss, log_weights))
     return stats
 
 
@@ -140,16 +138,12 @@ def target_statistics(logits: np.ndarray, scores: Sequence[str]) -> dict[str, fl
     :func:`soft_neighborhood_density`; mano: the two power sums of :func:`mano_power_sums` and the sum of -log
     softmax that chooses between them on the server. Takes no labels. Source scores in ``scores`` are skipped.
     """
-    names = checked_names(scores)
+    chosen = checked_scores(scores)
     logits = _as_logits(logits)
     log_p = _log_softmax(logits)
     stats = {"n_target": float(len(logits))}
-    if "entropy" in names:
-        stats["entropy_sum"] = math.fsum(-np.sum(np.exp(log_p) * log_p, axis=1))
-    if "snd" in names:
-        stats["snd"] = soft_neighborhood_density(np.exp(log_p)) if len(logits) else 0.0
-    if "mano" in names:
-        stats.update(mano_power_sums(logits))
+    for score in chosen:
+        stats.update(score.target_statistics(logits, log_p))
     return stats
 
 
@@ -220,22 +214,82 @@ def _rows(stats: Sequence[dict], key: str, score: str) -> float:
     return rows
 
 
-def _source_accuracy(sources: Sequence[dict], targets: Sequence[dict]) -> float:
-    return _total(sources, "correct", "source_accuracy") / _rows(sources, "n_validation", "source_accuracy")
+_DOMAINBED = "Gulrajani & Lopez-Paz, In Search of Lost Domain Generalization, ICLR 2021 (training-domain validation)"
 
 
-def _source_loss(sources: Sequence[dict], targets: Sequence[dict]) -> float:
-    return -_total(sources, "loss_sum", "source_loss") / _rows(sources, "n_validation", "source_loss")
+@SCORES.register("source_accuracy")
+class SourceAccuracy(Score):
+    """Accuracy on the sources' validation parts, pooled: sum correct / sum n."""
+
+    paper = _DOMAINBED
+    description = "accuracy on the sources' validation parts, pooled: sum correct / sum n"
+    needs_validation = True
+    cheap = True
+
+    def source_statistics(self, logits, labels, losses, log_weights) -> dict:
+        return {"correct": float(np.count_nonzero(np.argmax(logits, axis=1) == labels))}
+
+    def combine(self, sources: Sequence[dict], targets: Sequence[dict]) -> float:
+        return _total(sources, "correct", "source_accuracy") / _rows(sources, "n_validation", "source_accuracy")
 
 
-def _entropy(sources: Sequence[dict], targets: Sequence[dict]) -> float:
-    return -_total(targets, "entropy_sum", "entropy") / _rows(targets, "n_target", "entropy")
+@SCORES.register("source_loss")
+class SourceLoss(Score):
+    """Minus the mean cross-entropy on the sources' validation parts: -sum l / sum n."""
+
+    paper = _DOMAINBED
+    description = "minus the mean cross-entropy on the sources' validation parts"
+    needs_validation = True
+    cheap = True
+
+    def source_statistics(self, logits, labels, losses, log_weights) -> dict:
+        return {"loss_sum": math.fsum(losses)}
+
+    def combine(self, sources: Sequence[dict], targets: Sequence[dict]) -> float:
+        return -_total(sources, "loss_sum", "source_loss") / _rows(sources, "n_validation", "source_loss")
 
 
-def _snd(sources: Sequence[dict], targets: Sequence[dict]) -> float:
-    rows = _values(targets, "n_target", "snd")
-    values = _values(targets, "snd", "snd")
-    return math.fsum(n * value for n, value in zip(rows, values)) / _rows(targets, "n_target", "snd")
+@SCORES.register("entropy")
+class Entropy(Score):
+    """Minus the mean prediction entropy on the target's unlabeled inputs (Morerio et al., ICLR 2018): each target
+    sends sum H(p), H(p) = -sum_k p_k log p_k."""
+
+    paper = (
+        "Morerio, Cavazza & Murino, Minimal-Entropy Correlation Alignment for Unsupervised Deep Domain Adaptation, "
+        "ICLR 2018"
+    )
+    description = "minus the mean prediction entropy on the target's unlabeled inputs"
+    cheap = True
+
+    def target_statistics(self, logits, log_probabilities) -> dict:
+        return {"entropy_sum": math.fsum(-np.sum(np.exp(log_probabilities) * log_probabilities, axis=1))}
+
+    def combine(self, sources: Sequence[dict], targets: Sequence[dict]) -> float:
+        return -_total(targets, "entropy_sum", "entropy") / _rows(targets, "n_target", "entropy")
+
+
+@SCORES.register("snd")
+class SoftNeighborhoodDensity(Score):
+    """Soft neighborhood density (Saito et al., ICCV 2021): each target client's whole
+    :func:`soft_neighborhood_density`, combined as the n-weighted mean."""
+
+    paper = (
+        "Saito, Kim, Teterwak, Sclaroff, Darrell & Saenko, Tune it the Right Way: Unsupervised Validation of "
+        "Domain Adaptation via Soft Neighborhood Density, ICCV 2021"
+    )
+    description = (
+        "soft neighborhood density of the target's softmax outputs (temperature 0.05); on request: its cost grows "
+        "with the square of the target client's rows"
+    )
+    cheap = False  # its similarity matrix grows with the square of the target's rows (digits: a minute)
+
+    def target_statistics(self, logits, log_probabilities) -> dict:
+        return {"snd": soft_neighborhood_density(np.exp(log_probabilities)) if len(logits) else 0.0}
+
+    def combine(self, sources: Sequence[dict], targets: Sequence[dict]) -> float:
+        rows = _values(targets, "n_target", "snd")
+        values = _values(targets, "snd", "snd")
+        return math.fsum(n * value for n, value in zip(rows, values)) / _rows(targets, "n_target", "snd")
 
 
 @functools.cache
@@ -247,64 +301,99 @@ def _warn_constant_mano() -> None:
     )
 
 
-def _mano(sources: Sequence[dict], targets: Sequence[dict]) -> float:
-    rows = _rows(targets, "n_target", "mano")
-    classes = set(_values(targets, "n_classes", "mano"))
-    if len(classes) != 1:
-        raise ValueError(f"mano: the target clients' logits have different class counts {sorted(classes)}")
-    entries = rows * classes.pop()
-    criterion = _total(targets, "mano_neg_log_softmax_sum", "mano") / entries
-    normalization = "softmax" if criterion > MANO_THRESHOLD else "taylor"
-    logger.debug("MaNo: criterion Phi = %.4g against %g: %s normalization", criterion, MANO_THRESHOLD, normalization)
-    if entries == 2 * rows and normalization == "taylor":
-        _warn_constant_mano()
-    power_sum = _total(targets, f"mano_{normalization}_power_sum", "mano")
-    return (power_sum / entries) ** (1.0 / MANO_NORM_ORDER)
+@SCORES.register("mano")
+class MaNo(Score):
+    """MaNo (Xie et al., NeurIPS 2024, Eqs. 2 and 6): (sum Q^p / (n K))^(1/p), Q the softmax when the pooled
+    criterion Phi > 5 and the Taylor normalization otherwise; each target sends :func:`mano_power_sums`."""
 
-
-def _iwv(sources: Sequence[dict], targets: Sequence[dict]) -> float:
-    """-sum w l / sum w: the common scale cancels."""
-    _, factors = _common_scale(sources, "iwv")
-    return -_scaled_total(sources, "weighted_loss_sum", "iwv", factors) / _scaled_total(
-        sources, "weight_sum", "iwv", factors
+    paper = (
+        "Xie, Odonnat, Feofanov, Deng, Zhang & An, MaNo: Exploiting Matrix Norm for Unsupervised Accuracy "
+        "Estimation Under Distribution Shifts, NeurIPS 2024"
     )
+    description = "scaled L4 matrix norm of the target's normalized logits (softmax or Taylor, by a criterion)"
+    cheap = True
 
+    def target_statistics(self, logits, log_probabilities) -> dict:
+        return mano_power_sums(logits)
 
-def _dev(sources: Sequence[dict], targets: Sequence[dict]) -> float:
-    """-(mean L + eta mean W - eta), eta = -Cov(L, W) / Var(W) from the pooled sums (the ddof cancels). The sums are
-    on the common scale exp(-M) (:func:`_common_scale`): eta does not depend on it, the means are multiplied back by
-    exp(M); a product that overflows is a NumericalError naming the ridge."""
-    rows = _rows(sources, "n_validation", "dev")
-    top, factors = _common_scale(sources, "dev")
-    weight = _scaled_total(sources, "weight_sum", "dev", factors)
-    loss = _scaled_total(sources, "weighted_loss_sum", "dev", factors)
-    weight_sq = _scaled_total(sources, "weight_sq_sum", "dev", factors, power=2)
-    centred_weight_sq = weight_sq - weight * weight / rows
-    centred_cross = _scaled_total(sources, "weighted_loss_weight_sum", "dev", factors, power=2) - loss * weight / rows
-    eta = 0.0 if centred_weight_sq <= DEV_ZERO_VARIANCE * weight_sq else -centred_cross / centred_weight_sq
-    try:
-        scale = math.exp(top)
-    except OverflowError:
-        scale = math.inf
-    risk = (loss / rows + eta * weight / rows) * scale - eta
-    if not math.isfinite(risk):
-        raise NumericalError(
-            "the DEV risk of the importance weights w(x) = exp(log w(x))",
-            f"log w up to {top:.4g}",
-            "the sources' and targets' features are nearly separable: fit the density ratio with a larger ridge",
+    def combine(self, sources: Sequence[dict], targets: Sequence[dict]) -> float:
+        rows = _rows(targets, "n_target", "mano")
+        classes = set(_values(targets, "n_classes", "mano"))
+        if len(classes) != 1:
+            raise ValueError(f"mano: the target clients' logits have different class counts {sorted(classes)}")
+        entries = rows * classes.pop()
+        criterion = _total(targets, "mano_neg_log_softmax_sum", "mano") / entries
+        normalization = "softmax" if criterion > MANO_THRESHOLD else "taylor"
+        logger.debug(
+            "MaNo: criterion Phi = %.4g against %g: %s normalization", criterion, MANO_THRESHOLD, normalization
         )
-    return -risk
+        if entries == 2 * rows and normalization == "taylor":
+            _warn_constant_mano()
+        power_sum = _total(targets, f"mano_{normalization}_power_sum", "mano")
+        return (power_sum / entries) ** (1.0 / MANO_NORM_ORDER)
 
 
-_COMBINE: dict[str, Callable[[Sequence[dict], Sequence[dict]], float]] = {
-    "source_accuracy": _source_accuracy,
-    "source_loss": _source_loss,
-    "entropy": _entropy,
-    "snd": _snd,
-    "mano": _mano,
-    "iwv": _iwv,
-    "dev": _dev,
-}
+@SCORES.register("iwv")
+class ImportanceWeightedValidation(Score):
+    """IWV (Sugiyama et al., JMLR 2007), self-normalized as skada's ImportanceWeightedScorer: -sum w l / sum w (the
+    common scale cancels)."""
+
+    paper = (
+        "Sugiyama, Krauledat & Mueller, Covariate Shift Adaptation by Importance Weighted Cross Validation, JMLR 2007"
+    )
+    description = "minus the self-normalized importance-weighted loss on the sources' validation parts, sum w l / sum w"
+    needs_validation = True
+    needs_density = True
+
+    def source_statistics(self, logits, labels, losses, log_weights) -> dict:
+        return _weighted_loss_sums(losses, log_weights, with_dev=False)
+
+    def combine(self, sources: Sequence[dict], targets: Sequence[dict]) -> float:
+        _, factors = _common_scale(sources, "iwv")
+        return -_scaled_total(sources, "weighted_loss_sum", "iwv", factors) / _scaled_total(
+            sources, "weight_sum", "iwv", factors
+        )
+
+
+@SCORES.register("dev")
+class DeepEmbeddedValidation(Score):
+    """DEV (You et al., ICML 2019, Algorithm 1): -(mean L + eta mean W - eta), eta = -Cov(L, W) / Var(W), L = w l,
+    W = w, from the pooled sums (the ddof cancels; eta = 0 when Var(W) is zero up to :data:`DEV_ZERO_VARIANCE`, as
+    skada sets it for an exact zero). The sums are on the common scale exp(-M) (:func:`_common_scale`): eta does not
+    depend on it, the means are multiplied back by exp(M); a product that overflows is a NumericalError naming the
+    ridge."""
+
+    paper = "You, Wang, Long & Wang, Towards Accurate Model Selection in Deep Unsupervised Domain Adaptation, ICML 2019"
+    description = "minus the deep-embedded-validation risk (importance weights with a control variate)"
+    needs_validation = True
+    needs_density = True
+
+    def source_statistics(self, logits, labels, losses, log_weights) -> dict:
+        return _weighted_loss_sums(losses, log_weights, with_dev=True)
+
+    def combine(self, sources: Sequence[dict], targets: Sequence[dict]) -> float:
+        rows = _rows(sources, "n_validation", "dev")
+        top, factors = _common_scale(sources, "dev")
+        weight = _scaled_total(sources, "weight_sum", "dev", factors)
+        loss = _scaled_total(sources, "weighted_loss_sum", "dev", factors)
+        weight_sq = _scaled_total(sources, "weight_sq_sum", "dev", factors, power=2)
+        centred_weight_sq = weight_sq - weight * weight / rows
+        centred_cross = (
+            _scaled_total(sources, "weighted_loss_weight_sum", "dev", factors, power=2) - loss * weight / rows
+        )
+        eta = 0.0 if centred_weight_sq <= DEV_ZERO_VARIANCE * weight_sq else -centred_cross / centred_weight_sq
+        try:
+            scale = math.exp(top)
+        except OverflowError:
+            scale = math.inf
+        risk = (loss / rows + eta * weight / rows) * scale - eta
+        if not math.isfinite(risk):
+            raise NumericalError(
+                "the DEV risk of the importance weights w(x) = exp(log w(x))",
+                f"log w up to {top:.4g}",
+                "the sources' and targets' features are nearly separable: fit the density ratio with a larger ridge",
+            )
+        return -risk
 
 
 def combine_statistics(
@@ -320,6 +409,5 @@ def combine_statistics(
     Var(W) is zero up to :data:`DEV_ZERO_VARIANCE`, as skada sets it for an exact zero). A missing statistic or no
     rows is a ValueError.
     """
-    names = checked_names(scores)
     sources, targets = list(source_stats), list(target_stats)
-    return {f"score_{name}": _COMBINE[name](sources, targets) for name in names}
+    return {score.column(): score.combine(sources, targets) for score in checked_scores(scores)}

@@ -1,6 +1,6 @@
 """Centralized references of the selection scores, on pooled arrays, written from the papers' definitions.
 
-Kept for the tests: the per-client statistics of :mod:`fedsim.selection.statistics` and the moments of
+The tests' reference: the per-client statistics of :mod:`fedsim.selection.statistics` and the moments of
 :mod:`fedsim.selection.density` must give these values (tests/test_selection_scores.py). Nothing here calls them:
 each function forms its whole matrix at once, as the definition reads, in plain numpy (float64).
 """
