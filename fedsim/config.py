@@ -12,6 +12,8 @@ dataclass (for example ``data.variant`` for TEP).
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import math
 import os
 import typing
 from dataclasses import dataclass, field, fields, is_dataclass
@@ -20,9 +22,10 @@ from typing import Any, ClassVar, Iterable, Mapping, Optional
 
 import yaml
 
+from fedsim.coercion import NoOptions, bare_off, build_checked, closest
 from fedsim.errors import UserError
 from fedsim.recipes import apply_recipe
-from fedsim.validation import bare_off, build_checked, check_task_pair, closest, split_method_keys, validate
+from fedsim.validation import validate
 
 
 def default_cache_dir() -> str:
@@ -30,9 +33,16 @@ def default_cache_dir() -> str:
     return os.environ.get("FEDSIM_CACHE", str(Path.home() / ".cache" / "fedsim"))
 
 
-@dataclass(frozen=True)
-class NoOptions:
-    """A benchmark without options of its own."""
+def check_all(checks: Iterable[tuple[bool, str]]) -> None:
+    """Raise the message of the first failing ``(ok, message)`` check as a :class:`fedsim.errors.UserError`."""
+    for ok, message in checks:
+        if not ok:
+            raise UserError(message)
+
+
+def positive_number(value) -> bool:
+    """Whether ``value`` is a finite number above 0 (a bool is not a number)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value < math.inf
 
 
 @dataclass(frozen=True)
@@ -75,6 +85,36 @@ class DataConfig:
     data.validation_fraction=0.2``."""
     options: Any = field(default_factory=NoOptions)
     """The benchmark's own frozen dataclass (``Benchmark.Options``), set by ``data.<field>`` keys."""
+
+    def __post_init__(self):
+        check_all(
+            [
+                (
+                    self.clients_per_domain > 0,
+                    f"data.clients_per_domain must be positive, got {self.clients_per_domain}: "
+                    "pass --clients-per-domain 1 or more",
+                ),
+                (
+                    self.partition in ("iid", "dirichlet"),
+                    f"data.partition must be 'iid' or 'dirichlet', got {self.partition!r}",
+                ),
+                (
+                    self.normalization in ("auto", "none", "federated", "per-domain"),
+                    f"data.normalization must be auto, none, federated or per-domain, got {self.normalization!r}",
+                ),
+                (self.target not in self.sources, f"data.sources must not contain the target {self.target!r}"),
+                (self.dirichlet_alpha > 0, f"data.dirichlet_alpha must be positive, got {self.dirichlet_alpha}"),
+                (
+                    self.max_train_per_domain is None or self.max_train_per_domain > 0,
+                    "data.max_train_per_domain must be positive",
+                ),
+                (
+                    0 <= self.validation_fraction < 1,
+                    f"data.validation_fraction must be in [0, 1), got {self.validation_fraction}: the share of each "
+                    "source client's training part held out for validation (0: none; DomainBed holds out 0.2)",
+                ),
+            ]
+        )
 
 
 BACKBONE_MODELS: tuple[str, ...] = ("resnet18", "resnet50", "resnet101")
@@ -154,6 +194,18 @@ class MethodConfig:
     """The method's own frozen dataclass (``Method.Params``), set by ``method.<field>`` keys (``method.mu`` for
     FedProx)."""
 
+    def __post_init__(self):
+        check_all(
+            [
+                (
+                    self.local_epochs > 0,
+                    f"method.local_epochs must be positive, got {self.local_epochs}: pass --local-epochs 1 or more",
+                ),
+                (self.batch_size > 0, f"method.batch_size must be positive, got {self.batch_size}"),
+                (self.lr > 0, f"method.lr must be positive, got {self.lr}"),
+            ]
+        )
+
 
 @dataclass(frozen=True)
 class RunConfig:
@@ -206,6 +258,31 @@ class RunConfig:
     same with or without it. None: no such cache (``fedsim sweep`` and ``fedsim reproduce`` give each grid
     ``<out>/cache``)."""
 
+    def __post_init__(self):
+        check_all(
+            [
+                (self.rounds > 0, f"run.rounds must be a positive integer, got {self.rounds}: pass --rounds 1 or more"),
+                (
+                    self.backend in ("ray", "local"),
+                    f"run.backend must be 'ray' or 'local', got {self.backend!r}: "
+                    "pass --backend ray or --backend local",
+                ),
+                (
+                    self.clients_per_round is None or self.clients_per_round > 0,
+                    f"run.clients_per_round must be positive, got {self.clients_per_round}: pass a count or a fraction",
+                ),
+                (
+                    self.checkpoint_every >= 0,
+                    f"run.checkpoint_every must be 0 (off) or positive, got {self.checkpoint_every}",
+                ),
+                (self.eval_every > 0, f"run.eval_every must be positive, got {self.eval_every}"),
+                (
+                    self.precision in ("fp32", "bf16"),
+                    f"run.precision must be 'fp32' or 'bf16', got {self.precision!r}: e.g. --set run.precision=bf16",
+                ),
+            ]
+        )
+
 
 @dataclass(frozen=True)
 class ResourcesConfig:
@@ -235,8 +312,49 @@ class ResourcesConfig:
     GROUP_KEYS: ClassVar[tuple[str, ...]] = ("cpus_per_client", "gpus_per_client")
     """The keys a group may override."""
 
-    def __post_init__(self):  # YAML reads a bare `off` as false
-        object.__setattr__(self, "vectorize", bare_off(self.vectorize))
+    def __post_init__(self):
+        object.__setattr__(self, "vectorize", bare_off(self.vectorize))  # YAML reads a bare `off` as false
+        check_all(
+            [
+                (
+                    self.cpus_per_client > 0,
+                    f"resources.cpus_per_client must be positive, got {self.cpus_per_client}: "
+                    "pass --cpus-per-client 0.5 or more",
+                ),
+                (self.gpus_per_client >= 0, f"resources.gpus_per_client must be 0 or more, got {self.gpus_per_client}"),
+                (
+                    self.vectorize in ("off", "auto"),
+                    f"resources.vectorize must be 'off' or 'auto', got {self.vectorize!r}: "
+                    "e.g. --set resources.vectorize=auto",
+                ),
+            ]
+        )
+        self._check_groups()
+
+    def _check_groups(self) -> None:
+        """``groups`` maps names to overrides of ``cpus_per_client`` (positive) and ``gpus_per_client`` (0 or more),
+        and of nothing else; whether a name is a role or a domain of the benchmark is checked with the data
+        (:func:`fedsim.validation.check_resource_groups`)."""
+        groups, keys = self.groups, list(self.GROUP_KEYS)
+        example = "e.g. --set 'resources.groups={target: {gpus_per_client: 0.5}}'"
+        if groups is None:
+            return
+        if not isinstance(groups, dict):
+            raise UserError(f"resources.groups must map client groups to resources, got {groups!r}: {example}")
+        for name, overrides in groups.items():
+            where = f"resources.groups.{name}"
+            if not isinstance(overrides, dict):
+                raise UserError(f"{where} must map {' and '.join(keys)} to numbers, got {overrides!r}: {example}")
+            for key, value in overrides.items():
+                if key not in keys:
+                    match = difflib.get_close_matches(str(key), keys, n=1)
+                    hint = f": did you mean {match[0]!r}?" if match else ""
+                    raise UserError(f"unknown config key '{where}.{key}': a group sets {' and '.join(keys)} only{hint}")
+                number = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+                if key == "cpus_per_client" and not (number and value > 0):
+                    raise UserError(f"{where}.{key} must be a positive number, got {value!r}")
+                if key == "gpus_per_client" and not (number and value >= 0):
+                    raise UserError(f"{where}.{key} must be 0 or a positive number, got {value!r}")
 
     @property
     def asks_gpus(self) -> bool:
@@ -247,7 +365,7 @@ class ResourcesConfig:
 
     def of_client(self, domain: str, role: str) -> tuple[float, float]:
         """The (CPUs, GPUs) a client of ``domain`` in ``role`` asks for: the section's values, replaced key by key
-        by its role's group, then by its domain's (checked by :func:`fedsim.validation.check_resource_groups`)."""
+        by its role's group, then by its domain's."""
         values = {key: getattr(self, key) for key in self.GROUP_KEYS}
         for group in (role, domain):
             values.update((self.groups or {}).get(group) or {})
@@ -277,6 +395,28 @@ class RayConfig:
                 f"ray.runtime_env must be a mapping of Ray runtime-environment fields, got {env!r}: "
                 "e.g. --set 'ray.runtime_env={pip: [mypkg]}'"
             )
+        check_all(
+            [
+                (self.max_restarts >= 0, f"ray.max_restarts must be 0 or more, got {self.max_restarts}"),
+                (
+                    self.call_timeout_s >= 0,
+                    f"ray.call_timeout_s must be 0 (wait forever) or more, got {self.call_timeout_s}",
+                ),
+                (
+                    self.max_actors is None or self.max_actors > 0,
+                    f"ray.max_actors must be positive, got {self.max_actors}",
+                ),
+                (
+                    self.inject_faults >= 0,
+                    f"ray.inject_faults must be 0 or more, got {self.inject_faults}: pass --inject-faults 0 or more",
+                ),
+            ]
+        )
+
+
+def _trace_check(key: str, path) -> tuple[bool, str]:
+    ok = path is None or str(path).lower().endswith((".csv", ".json"))
+    return ok, f"clients.{key} must name a .csv or .json file, got {path!r}: see docs/unreliable.md for the format"
 
 
 @dataclass(frozen=True)
@@ -314,6 +454,42 @@ class ClientsConfig:
     """Report the simulated clock and who answered (``virtual_seconds``, ``clients_answered``) with every other
     key of this section at its default; any other setting reports them too."""
 
+    def __post_init__(self):
+        check_all(
+            [
+                (
+                    0 < self.availability <= 1,
+                    f"clients.availability must be in (0, 1], got {self.availability}: the probability that a "
+                    "source client is available in a round (1: always)",
+                ),
+                (
+                    0 <= self.failure_rate < 1,
+                    f"clients.failure_rate must be in [0, 1), got {self.failure_rate}: the probability that a "
+                    "call's reply is lost (0: never)",
+                ),
+                (
+                    self.on_failure in ("drop", "wait"),
+                    f"clients.on_failure must be 'drop' or 'wait', got {self.on_failure!r}",
+                ),
+                (
+                    self.speed_spread >= 0,
+                    f"clients.speed_spread must be 0 (equal clients) or more, got {self.speed_spread}",
+                ),
+                (
+                    self.seconds_per_sample > 0,
+                    f"clients.seconds_per_sample must be positive, got {self.seconds_per_sample}",
+                ),
+                (self.link_mbps > 0, f"clients.link_mbps must be positive, got {self.link_mbps}"),
+                (
+                    self.deadline_seconds is None or self.deadline_seconds > 0,
+                    f"clients.deadline_seconds must be positive, got {self.deadline_seconds}: or leave it out "
+                    "(no deadline)",
+                ),
+                _trace_check("availability_trace", self.availability_trace),
+                _trace_check("speed_trace", self.speed_trace),
+            ]
+        )
+
     @property
     def active(self) -> bool:
         """Whether any key differs from its default (the simulation and its metrics are on)."""
@@ -330,8 +506,6 @@ class ClientsConfig:
         )
 
 
-PRIVACY_MODES: tuple[str, ...] = ("central", "local")
-"""The values of ``privacy.mode``, the default first."""
 PRIVACY_ACCOUNTANTS: tuple[str, ...] = ("rdp", "pld")
 """The values of ``privacy.accountant``, the default first."""
 DEFAULT_DELTA = 1e-5
@@ -360,7 +534,8 @@ class PrivacyConfig:
     mode: str = "central"
     """Whom the noise protects against: "central", client-level DP-FedAvg (McMahan et al., ICLR 2018), noise of
     std z C on the sum the server aggregates, for whoever sees what the server releases; "local", noise of std z C
-    on every reply, private against the server itself."""
+    on every reply, private against the server itself; or a plugin mechanism, ``module.path:Class`` or an entry
+    point of group ``fedsim.privacy`` (:class:`fedsim.privacy.mechanism.Mechanism`)."""
     stages: tuple[str, ...] = ()
     """The operations whose replies are noised; empty: every training exchange of the method (evaluation and setup
     stages never are)."""
@@ -377,6 +552,62 @@ class PrivacyConfig:
     def target_delta(self) -> float:
         """The delta the spent epsilon is reported at (:data:`DEFAULT_DELTA` when none is given)."""
         return DEFAULT_DELTA if self.delta is None else self.delta
+
+    def __post_init__(self):
+        """The section's own rules; whether the method's stages can take the noise is checked with the method
+        (:func:`fedsim.validation.check_privacy`)."""
+        z, epsilon, delta, clip, stage_clip = (
+            self.noise_multiplier,
+            self.epsilon,
+            self.delta,
+            self.clip,
+            self.stage_clip,
+        )
+        given = sorted(f"privacy.{f.name}" for f in fields(self) if getattr(self, f.name) != f.default)
+        check_all(
+            [
+                (
+                    self.active or not given,
+                    f"{', '.join(given)} set but privacy is off: give privacy.noise_multiplier or privacy.epsilon "
+                    "(or leave the section out)",
+                ),
+                (
+                    z is None or epsilon is None,
+                    "privacy.noise_multiplier and privacy.epsilon are two ways to set the noise: give one, not both",
+                ),
+                (z is None or positive_number(z), f"privacy.noise_multiplier must be a positive number, got {z}"),
+                (
+                    epsilon is None or positive_number(epsilon),
+                    f"privacy.epsilon must be a positive number, got {epsilon}",
+                ),
+                (
+                    epsilon is None or delta is not None,
+                    "privacy.epsilon needs privacy.delta, the delta of the (epsilon, delta) budget: e.g. "
+                    "privacy.delta=1e-5",
+                ),
+                (delta is None or 0 < delta < 1, f"privacy.delta must be in (0, 1), got {delta}"),
+                (
+                    not self.active or clip is not None,
+                    "privacy.clip is required with privacy on: the L2 bound of one client's contribution to an "
+                    "exchange, e.g. privacy.clip=1.0",
+                ),
+                (clip is None or positive_number(clip), f"privacy.clip must be a positive number, got {clip}"),
+                (
+                    stage_clip is None
+                    or (isinstance(stage_clip, dict) and all(positive_number(v) for v in stage_clip.values())),
+                    f"privacy.stage_clip must map stages to positive bounds, got {stage_clip!r}: e.g. "
+                    "--set 'privacy.stage_clip={features: 50}'",
+                ),
+                (
+                    self.accountant in PRIVACY_ACCOUNTANTS,
+                    f"privacy.accountant must be one of {', '.join(PRIVACY_ACCOUNTANTS)}, got {self.accountant!r}",
+                ),
+            ]
+        )
+        if self.active:
+            from fedsim.privacy.mechanism import make_mechanism
+
+            make_mechanism(self)  # the mechanism privacy.mode names, found and checking its own settings
 
 
 MOVED_KEYS = {
@@ -582,6 +813,25 @@ def data_config(**values) -> DataConfig:
     return _build_data(values)
 
 
+def split_method_keys(
+    method_cls: type, params_cls: type, method_raw: dict, common_keys: list[str]
+) -> tuple[dict, dict]:
+    """The method section -> (the keys every method has, the method's own ``Params`` keys), unknown keys refused."""
+    common = set(common_keys) - {"params"}
+    params_valid = [f.name for f in fields(params_cls)]
+    clash = sorted(common & set(params_valid))
+    if clash:
+        raise TypeError(f"{method_cls.__name__}.Params redefines common method keys {clash}: use the common ones")
+    for key in method_raw:
+        if key not in common and key != "params" and key not in params_valid:
+            raise UserError(
+                f"unknown config key 'method.{key}' for method {method_cls.registry_name!r}: "
+                f"{closest(key, sorted(common) + params_valid)}"
+            )
+    shared = {k: v for k, v in method_raw.items() if k in common}
+    return shared, {k: v for k, v in method_raw.items() if k in params_valid}
+
+
 def _build_method(method_cls: type, method_raw: dict) -> MethodConfig:
     """The common method keys into MethodConfig, the rest into the method's own ``Params``."""
     params_cls = getattr(method_cls, "Params", NoParams)
@@ -594,8 +844,9 @@ def _build_method(method_cls: type, method_raw: dict) -> MethodConfig:
 
 
 def build_config(raw: dict) -> ExperimentConfig:
-    """Nested dict (YAML, or typed values) -> ExperimentConfig, with every key checked."""
-    from fedsim.registry import METHODS, MODELS
+    """Nested dict (YAML, or typed values) -> ExperimentConfig, with every key checked: each section checks its own
+    values, :func:`fedsim.validation.validate` the rules across sections."""
+    from fedsim.registry import METHODS
 
     sections = _check_sections(raw)
     method_name = str(sections.get("method", {}).get("name", MethodConfig.name))
@@ -614,9 +865,6 @@ def build_config(raw: dict) -> ExperimentConfig:
         method=_build_method(method_cls, sections.get("method", {})), data=_build_data(data_raw), **built
     )
     validate(config)
-    check_task_pair(method_cls, config.data.benchmark)
-    if config.model.name != "auto":
-        MODELS.check(config.model.name)
     return config
 
 

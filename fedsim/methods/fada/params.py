@@ -15,11 +15,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from fedsim.coercion import bare_off
 from fedsim.errors import UserError
 from fedsim.methods.common.checks import check_params
 from fedsim.methods.fada.attention import GAIN_FORMS
 from fedsim.methods.fada.guard import GUARDS
-from fedsim.validation import bare_off
 
 
 @dataclass(frozen=True)
