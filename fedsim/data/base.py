@@ -13,7 +13,7 @@ from typing import ClassVar, Optional
 
 import numpy as np
 
-from fedsim.config import NoOptions
+from fedsim.coercion import NoOptions
 
 
 @dataclass(frozen=True)
