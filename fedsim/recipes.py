@@ -43,7 +43,7 @@ class Recipe:
     settings: tuple[Setting, ...]
     when: tuple[tuple[str, Any], ...] = ()
     """``(("data.variant", "snapshot"),)``: the recipe applies only where these benchmark options (given, else their
-    defaults) have these values."""
+    defaults; an alias the benchmark's ``Options.ALIASES`` names counts as its canonical value) have these values."""
     protocol: str = ""
     """The table it reproduces (a results directory or a spec)."""
 
@@ -81,18 +81,26 @@ _CWRU_ROUNDS = (
 )
 _TEP_ENCODER = "as on CWRU (authors' scripts): an encoder trained on the sources, frozen, 256 features"
 _TEP_SCALING = "authors' TEP build: each mode scaled by its own statistics"
+_TEP_CNN = (
+    "fedsim's: the authors' CNN (their source-only notebook, 128 features) trained on the sources by FedAvg, one epoch "
+    "a round as FedAvg's TEP runs, then frozen"
+)
+_TEP_ADAM = "authors' multi-source source-only notebook (tep-domain-adaptation): Adam, learning rate 1e-4, no L2"
+_TEP_EPOCHS = "authors' multi-source source-only notebook: batches of 256, 70 epochs (one a round)"
 _FED_ROUNDS = "paper / parse_args_fed_dadil: 50 FedDaDiL rounds (n_iter), after the encoder rounds"
 _CEN_ROUNDS = "authors' parse_args_dadil: 40 iterations (n_iter), after the encoder rounds"
 _LAMBDA = "rule on the sources (docs/baselines.md): of 1, 0.3, 0.1 the smallest worst source drop against FedAvg"
 _FEDREP_LR = "rule on the sources (docs/baselines.md): at FedAvg's 0.05 the representation epoch diverged"
 
 
-def _dictionary(method: str, benchmark: str, rounds: int, rounds_source: str, protocol: str, **extra) -> Recipe:
+def _dictionary(
+    method: str, benchmark: str, rounds: int, rounds_source: str, protocol: str, variant: str = "", **extra
+) -> Recipe:
     """FedDaDiL's or DaDiL's recipe: the rounds, one evaluation, and ``extra`` settings (key with ``__`` for
-    ``.``, value, source)."""
+    ``.``, value, source); ``variant``: only on that ``data.variant``."""
     settings = [_s("run.rounds", rounds, rounds_source), _s("run.eval_every", 1000, _EVAL_ONCE)]
     settings += [_s(key.replace("__", "."), value, source) for key, (value, source) in extra.items()]
-    when = (("data.variant", "snapshot"),) if benchmark == "tep" else ()
+    when = (("data.variant", variant),) if variant else ()
     return Recipe(method, benchmark, tuple(settings), when, protocol)
 
 
@@ -108,6 +116,8 @@ _CWRU = {**_encoder(), "method__feature_standardization": ("none", _CWRU_FEATURE
 
 
 _TEP = {**_encoder(_TEP_ENCODER, _TEP_ENCODER), "data__normalization": ("per-domain", _TEP_SCALING)}
+_TEP_WINDOWS = {"method__encoder_rounds": (10, _TEP_CNN), "method__encoder_epochs": (1, _TEP_CNN)}
+_WINDOWS_TABLES = "results/feddadil-tep-windows"
 
 BUILT_IN: tuple[Recipe, ...] = (
     _dictionary("feddadil", "cwru", 60, f"{_FED_ROUNDS} (10 + 50)", "results/feddadil-cwru", **_CWRU),
@@ -122,8 +132,24 @@ BUILT_IN: tuple[Recipe, ...] = (
         )
         for method in ("feddann", "fedmmd")
     ),
-    _dictionary("feddadil", "tep", 60, f"{_FED_ROUNDS} (10 + 50)", "results/feddadil (TEP rows)", **_TEP),
-    _dictionary("dadil", "tep", 50, f"{_CEN_ROUNDS} (10 + 40)", "results/feddadil (TEP rows)", **_TEP),
+    _dictionary("feddadil", "tep", 60, f"{_FED_ROUNDS} (10 + 50)", "results/feddadil (TEP rows)", "snapshot", **_TEP),
+    _dictionary("dadil", "tep", 50, f"{_CEN_ROUNDS} (10 + 40)", "results/feddadil (TEP rows)", "snapshot", **_TEP),
+    _dictionary("feddadil", "tep", 60, f"{_FED_ROUNDS} (10 + 50)", _WINDOWS_TABLES, "windows", **_TEP_WINDOWS),
+    _dictionary("dadil", "tep", 50, f"{_CEN_ROUNDS} (10 + 40)", _WINDOWS_TABLES, "windows", **_TEP_WINDOWS),
+    Recipe(
+        "centralized",
+        "tep",
+        (
+            _s("method.optimizer", "adam", _TEP_ADAM),
+            _s("method.lr", 1e-4, _TEP_ADAM),
+            _s("method.weight_decay", 0.0, _TEP_ADAM),
+            _s("method.batch_size", 256, _TEP_EPOCHS),
+            _s("method.local_epochs", 1, _TEP_EPOCHS),
+            _s("run.rounds", 70, _TEP_EPOCHS),
+        ),
+        (("data.variant", "windows"),),
+        _WINDOWS_TABLES,
+    ),
     _dictionary("feddadil", "digits", 55, f"{_FED_ROUNDS} (5 + 50)", "results/feddadil (digits rows)"),
     _dictionary("dadil", "digits", 45, f"{_CEN_ROUNDS} (5 + 40)", "results/feddadil (digits rows)"),
     Recipe("feddadil", "office_caltech", (_s("run.eval_every", 1000, _EVAL_ONCE),), (), "results/feddadil-office"),
@@ -169,15 +195,16 @@ def recipes(method: Optional[str] = None) -> list[Recipe]:
 
 
 def _option(benchmark: str, data: Mapping[str, Any], key: str) -> Any:
-    """A benchmark option of a config's ``data`` section (``data.variant``): given, else the ``Options`` default."""
+    """A benchmark option of a config's ``data`` section (``data.variant``): given, else the ``Options`` default;
+    an alias in the ``Options.ALIASES`` of the benchmark (``{"variant": {"default": "windows"}}``) as its value."""
     from fedsim.registry import BENCHMARKS
 
     name = key.split(".", 1)[1]
-    if name in data:
-        return data[name]
     options = getattr(BENCHMARKS.get(benchmark), "Options", None)
     defaults = {f.name: f.default for f in dataclasses.fields(options)} if options is not None else {}
-    return defaults.get(name)
+    value = data[name] if name in data else defaults.get(name)
+    aliases = getattr(options, "ALIASES", {}).get(name, {})
+    return aliases.get(value, value) if isinstance(value, str) else value
 
 
 def recipe_for(method: str, benchmark: str, data: Mapping[str, Any]) -> Optional[Recipe]:

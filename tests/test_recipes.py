@@ -105,7 +105,7 @@ def test_precedence_defaults_recipe_config_file_then_set_and_flags(tmp_path):
     )
     # a recipe conditioned on a benchmark option applies only there
     assert make_config(method="feddadil", benchmark="tep", set={"data.variant": "snapshot"}).model.hidden == 256
-    assert recipe_for("feddadil", "tep", {"variant": "windows"}) is None
+    assert make_config(method="feddadil", benchmark="tep", set={"data.variant": "windows"}).model.hidden == 128
     # a pair without a recipe, and a full config read back, are left as they are
     assert make_config(method="feddann", benchmark="digits").method.params.lambda_domain == 1.0
     full = make_config(method="feddann", benchmark="amazon_review", target="books")
@@ -196,3 +196,43 @@ def test_each_method_page_shows_its_recipes(page, methods):
 
 def test_a_recipe_is_a_frozen_dataclass():
     assert dataclasses.is_dataclass(Recipe) and Recipe.__dataclass_params__.frozen
+
+
+@pytest.mark.parametrize("variant", [None, "default", "windows"])
+def test_tep_windows_recipes_match_the_windows_and_their_alias(variant):
+    """The windows variant (also "default", its alias, and the benchmark's default) gets the windows recipes: the
+    authors' source-only training for centralized, the authors' CNN (128 features) trained by FedAvg one epoch a
+    round for 10 rounds, then their 50 FedDaDiL rounds / 40 DaDiL iterations; the snapshot recipe elsewhere."""
+    data = {} if variant is None else {"variant": variant}
+    sets = {} if variant is None else {"data.variant": variant}
+    feddadil = make_config(method="feddadil", benchmark="tep", set=sets)
+    params = feddadil.method.params
+    assert (feddadil.run.rounds, feddadil.run.eval_every, feddadil.model.hidden) == (60, 1000, 128)
+    assert (params.encoder_rounds, params.encoder_epochs) == (10, 1)
+    assert feddadil.data.normalization != "per-domain"  # the benchmark scales each mode itself (data.scaling)
+    assert make_config(method="dadil", benchmark="tep", set=sets).run.rounds == 50
+    central = make_config(method="centralized", benchmark="tep", set=sets)
+    assert central.run.rounds == 70
+    assert recipe_for("centralized", "tep", data).values == {
+        "method.optimizer": "adam",
+        "method.lr": 1e-4,
+        "method.weight_decay": 0.0,
+        "method.batch_size": 256,
+        "method.local_epochs": 1,
+        "run.rounds": 70,
+    }
+    assert recipe_for("feddadil", "tep", data).name == "feddadil on tep (data.variant=windows)"
+
+
+def test_tep_recipes_are_kept_apart_by_variant():
+    assert recipe_for("feddadil", "tep", {"variant": "snapshot"}).values["model.hidden"] == 256
+    assert recipe_for("centralized", "tep", {"variant": "snapshot"}) is None
+    assert recipe_for("feddadil", "tep", {"variant": "snapshot-hard"}) is None
+    snapshot = make_config(method="centralized", benchmark="tep", set={"data.variant": "snapshot"})
+    assert snapshot.run.rounds == 20  # the library's default: no recipe on the snapshots
+
+
+def test_the_centralized_tep_recipe_is_the_methods_tep_recipe():
+    from fedsim.methods.centralized import TEP_RECIPE
+
+    assert recipe_for("centralized", "tep", {}).values == TEP_RECIPE

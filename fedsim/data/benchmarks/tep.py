@@ -73,7 +73,7 @@ import hashlib
 import logging
 import time
 from dataclasses import dataclass
-from typing import Callable, Optional, Sequence
+from typing import Callable, ClassVar, Optional, Sequence
 
 import numpy as np
 
@@ -179,6 +179,9 @@ class TEPBenchmark(Benchmark):
         variable by its own statistics, the authors' scaling) or "none"; ``data.workers``: processes simulating a
         mode's classes (None: one per core; 1: none besides the run's own).
         Snapshots: ``data.samples_per_class``: train + test samples per class and mode (None: 200)."""
+
+        ALIASES: ClassVar[dict[str, dict[str, str]]] = {"variant": VARIANT_ALIASES}
+        """Other names of option values (recipes match the canonical one)."""
 
         variant: str = "default"
         windows_per_class: Optional[int] = None
