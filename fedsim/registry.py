@@ -4,8 +4,10 @@
 :class:`fedsim.errors.UserError` listing the registered names and the closest match. A name is one of:
 
 * a built-in: ``get("fedavg")`` first imports only ``fedsim.methods.fedavg`` (a built-in lives in the file or
-  package named after it), so a FedAvg process never pays for POT, scikit-learn or torchvision; listing the names,
-  or a name whose file is named otherwise, imports every module of the package (:mod:`fedsim.discovery`);
+  package named after it, at the top of the package or in a family's package one level down, as
+  ``fedsim.methods.dictionary.feddadil``), so a FedAvg process never pays for POT, scikit-learn or torchvision;
+  listing the names, or a name whose file is named otherwise, imports every module of the package
+  (:mod:`fedsim.discovery`);
 * a dotted path, ``mypkg.methods:FedAvgM``: the object it names, registered under that path;
 * the name of an entry point of an installed distribution, in the group ``fedsim.methods``, ``fedsim.benchmarks``
   or ``fedsim.models`` (``fedavgm = mypkg.methods:FedAvgM``), registered under that name. An entry point named as
@@ -143,9 +145,17 @@ class Registry(Generic[T]):
         """Whether the built-in package has a module or package ``name`` (found without importing the package)."""
         if self.one_module:
             return False
+        return self._module_of(name) is not None
+
+    def _module_of(self, name: str) -> Optional[str]:
+        """The built-in module or package ``name``, at the top of the package or in a family's package one level
+        down (``fedsim.methods.dictionary.feddadil``), found by its file without importing; None if there is none."""
         spec = importlib.util.find_spec(self.package)
-        folders = [Path(folder) for folder in (spec.submodule_search_locations or [])] if spec else []
-        return any((f / f"{name}.py").is_file() or (f / name / "__init__.py").is_file() for f in folders)
+        for folder in [Path(folder) for folder in (spec.submodule_search_locations or [])] if spec else []:
+            for place in [folder, *sorted(init.parent for init in folder.glob("*/__init__.py"))]:
+                if (place / f"{name}.py").is_file() or (place / name / "__init__.py").is_file():
+                    return ".".join([self.package, *place.relative_to(folder).parts, name])
+        return None
 
     def names(self) -> list[str]:
         """Every built-in name and every installed entry point's (each loaded; one that fails is unavailable)."""
@@ -191,8 +201,8 @@ class Registry(Generic[T]):
         if self.one_module:
             self._load_all()
         elif name not in self._entries and name.isidentifier() and not name.startswith("_"):
-            module = f"{self.package}.{name}"
-            if importlib.util.find_spec(module) is not None:
+            module = self._module_of(name)
+            if module is not None:
                 importlib.import_module(module)
         found, ambiguous = self.entry_points()
         if name in self._entries:
@@ -286,7 +296,7 @@ SCORES: Registry = Registry(
 )  # fmt: skip
 """The model-selection scores (``run.scores``): subclasses of :class:`fedsim.selection.Score`."""
 MECHANISMS: Registry = Registry(
-    "privacy mechanism", "--set privacy.mechanism=...", "fedsim.privacy.mechanism", "fedsim.privacy",
+    "privacy mechanism", "--set privacy.mode=...", "fedsim.privacy.mechanism", "fedsim.privacy",
     "fedsim.privacy.mechanism:Mechanism", "a subclass of fedsim.privacy.Mechanism", one_module=True,
 )  # fmt: skip
 """The privacy mechanisms (``privacy.mechanism``): subclasses of :class:`fedsim.privacy.Mechanism`."""
@@ -298,8 +308,7 @@ def named_parts(config) -> list[tuple[Registry, str]]:
     parts += [(MODELS, config.model.name)] if config.model.name != "auto" else []
     scores = [name.strip() for name in str(config.run.scores).split(",")]
     parts += [(SCORES, name) for name in scores if name and name.lower() not in ("auto", "none")]
-    mechanism = getattr(config.privacy, "mechanism", None)
-    return parts + ([(MECHANISMS, mechanism)] if config.privacy.active and mechanism else [])
+    return parts + ([(MECHANISMS, config.privacy.mode)] if config.privacy.active else [])
 
 
 def plugin_targets(configs: Iterable) -> list[str]:

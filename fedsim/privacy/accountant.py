@@ -12,7 +12,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections import Counter
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 from fedsim.errors import UserError
 
@@ -43,20 +43,24 @@ def exchange_event(rate: float, noise_multiplier: float):
     return gaussian if rate >= 1 else PoissonSampledDpEvent(rate, gaussian)
 
 
-def round_event(rates: Rates, noise_multiplier: float):
+Event = Callable[[float, float], object]
+"""``event(rate, noise_multiplier)``: one noised exchange's dp_accounting event (a mechanism's ``event``)."""
+
+
+def round_event(rates: Rates, noise_multiplier: float, event: Event = exchange_event):
     """One round: the composition of its noised exchanges."""
     from dp_accounting import ComposedDpEvent
 
-    return ComposedDpEvent([exchange_event(rate, noise_multiplier) for rate in rates])
+    return ComposedDpEvent([event(rate, noise_multiplier) for rate in rates])
 
 
-def run_event(rounds: Sequence[Rates], noise_multiplier: float):
+def run_event(rounds: Sequence[Rates], noise_multiplier: float, event: Event = exchange_event):
     """Every round composed, equal rounds as one self-composition (what the accountant computes once)."""
     from dp_accounting import ComposedDpEvent, SelfComposedDpEvent
 
     counts = Counter(tuple(rates) for rates in rounds if rates)
     return ComposedDpEvent(
-        [SelfComposedDpEvent(round_event(rates, noise_multiplier), count) for rates, count in counts.items()]
+        [SelfComposedDpEvent(round_event(rates, noise_multiplier, event), count) for rates, count in counts.items()]
     )
 
 
@@ -72,13 +76,17 @@ def make_accountant(kind: str):
     return RdpAccountant()
 
 
-def spent_epsilon(rounds: Sequence[Rates], noise_multiplier: float, delta: float, kind: str = "rdp") -> float:
+def spent_epsilon(
+    rounds: Sequence[Rates], noise_multiplier: float, delta: float, kind: str = "rdp", event: Event = exchange_event
+) -> float:
     """The epsilon at ``delta`` of ``rounds`` of noised exchanges at multiplier ``noise_multiplier``."""
     with quiet_accounting():
-        return float(make_accountant(kind).compose(run_event(rounds, noise_multiplier)).get_epsilon(delta))
+        return float(make_accountant(kind).compose(run_event(rounds, noise_multiplier, event)).get_epsilon(delta))
 
 
-def calibrate_noise_multiplier(rounds: Sequence[Rates], epsilon: float, delta: float, kind: str = "rdp") -> float:
+def calibrate_noise_multiplier(
+    rounds: Sequence[Rates], epsilon: float, delta: float, kind: str = "rdp", event: Event = exchange_event
+) -> float:
     """The smallest noise multiplier (within :data:`CALIBRATION_TOLERANCE`) whose ``rounds`` spend at most
     ``epsilon`` at ``delta``: dp_accounting's ``calibrate_dp_mechanism`` (Brent's method on the epsilon gap over a
     bracket it searches from [0, 1]), then stepped up until the budget holds (epsilon falls as z grows)."""
@@ -89,14 +97,14 @@ def calibrate_noise_multiplier(rounds: Sequence[Rates], epsilon: float, delta: f
     with quiet_accounting():
         z = calibrate_dp_mechanism(
             lambda: make_accountant(kind),
-            lambda value: run_event(rounds, value),
+            lambda value: run_event(rounds, value, event),
             epsilon,
             delta,
             LowerEndpointAndGuess(0.0, 1.0),
             tol=CALIBRATION_TOLERANCE,
         )
     z = float(z) + CALIBRATION_TOLERANCE
-    while spent_epsilon(rounds, z, delta, kind) > epsilon:
+    while spent_epsilon(rounds, z, delta, kind, event) > epsilon:
         z += CALIBRATION_TOLERANCE
     return z
 
@@ -106,8 +114,9 @@ class Ledger:
     that of every round so far composed as :func:`run_event` composes them, the computation the calibration checks
     its budget with (a PLD accountant's discretization depends on the order of composition)."""
 
-    def __init__(self, kind: str, noise_multiplier: float, delta: float):
+    def __init__(self, kind: str, noise_multiplier: float, delta: float, event: Event = exchange_event):
         self.kind = kind
+        self.event = event
         self.noise_multiplier = noise_multiplier
         self.delta = delta
         self.rounds: list[Rates] = []
@@ -120,7 +129,7 @@ class Ledger:
         """The epsilon spent so far at :attr:`delta` (0 before any noised exchange)."""
         if not any(self.rounds):
             return 0.0
-        return spent_epsilon(self.rounds, self.noise_multiplier, self.delta, self.kind)
+        return spent_epsilon(self.rounds, self.noise_multiplier, self.delta, self.kind, self.event)
 
     def state(self) -> list[list[float]]:
         """What a checkpoint keeps: every round's rates."""

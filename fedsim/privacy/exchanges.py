@@ -85,7 +85,7 @@ MODEL_UPDATE = (
 
 
 def _feature_alignment(config) -> Exchanges:
-    """FedDANN and FedMMD (:mod:`fedsim.methods.families.alignment`): target features, then FedAvg on the sources."""
+    """FedDANN and FedMMD (:mod:`fedsim.methods.alignment.base`): target features, then FedAvg on the sources."""
     batch = config.method.params.target_batch
     features = Stage(
         "features",
@@ -142,8 +142,8 @@ def _fada(config) -> Exchanges:
 
 
 def _feddadil(config) -> Exchanges:
-    """FedDaDiL (Castellon et al., ICASSP 2024; :mod:`fedsim.methods.feddadil.method`): the encoder stage's FedAvg
-    rounds, then the atoms' rows every round."""
+    """FedDaDiL (Castellon et al., ICASSP 2024; :mod:`fedsim.methods.dictionary.feddadil.method`): the encoder
+    stage's FedAvg rounds, then the atoms' rows every round."""
     p = config.method.params
     combined = UNIFORM if p.aggregation == "avg" else EACH
     rows = "the whole dictionary" if p.exchange == "full" else "the round's mini-batch of rows of every atom"
@@ -226,18 +226,35 @@ REFUSED: dict[str, str] = {
 
 
 def method_exchanges(config) -> Exchanges:
-    """The exchanges of ``config.method.name``; a method that cannot take the noise, or one fedsim does not know
-    the exchanges of (a plugin), raises UserError naming why."""
+    """The exchanges of ``config.method.name``: a built-in's entry of :data:`EXCHANGES`; for a plugin, the first
+    class of its MRO that declares ``privacy_exchanges`` (a function of the config returning :class:`Exchanges`) or
+    is a built-in (a plugin that subclasses FedAvg inherits FedAvg's entry). A method that cannot take the noise, or
+    one that declares nothing, raises UserError naming why."""
     name = config.method.name
     supported = ", ".join(sorted(EXCHANGES))
-    if name in REFUSED:
-        raise UserError(f"privacy cannot apply to method {name!r}: it {REFUSED[name]}; use one of {supported}")
-    if name not in EXCHANGES:
-        raise UserError(
-            f"privacy cannot apply to method {name!r}: fedsim does not know what its exchanges send (what to clip, "
-            f"how its server combines the replies); use one of {supported}"
-        )
-    return EXCHANGES[name](config)
+    for owner in _owners(name):
+        declared = owner.__dict__.get("privacy_exchanges") if isinstance(owner, type) else None
+        builtin = owner if isinstance(owner, str) else owner.__dict__.get("registry_name")
+        if declared is not None:
+            return declared.__func__(config) if isinstance(declared, staticmethod) else declared(config)
+        if builtin in REFUSED:
+            raise UserError(f"privacy cannot apply to method {name!r}: it {REFUSED[builtin]}; use one of {supported}")
+        if builtin in EXCHANGES:
+            return EXCHANGES[builtin](config)
+    raise UserError(
+        f"privacy cannot apply to method {name!r}: fedsim does not know what its exchanges send (what to clip, how "
+        "its server combines the replies); declare them as the class attribute privacy_exchanges = staticmethod("
+        "lambda config: fedsim.privacy.Exchanges(...)), subclass a method that has them, or use one of " + supported
+    )
+
+
+def _owners(name: str) -> list:
+    """A built-in's name alone (its module is not imported); a plugin's classes, most derived first."""
+    if name in EXCHANGES or name in REFUSED:
+        return [name]
+    from fedsim.registry import METHODS
+
+    return list(METHODS.get(name).__mro__)
 
 
 def sampling_rate(senders: int, called: int) -> float:

@@ -1,4 +1,5 @@
-"""The Gaussian mechanism on one client's reply: its contribution clipped in L2, then Gaussian noise.
+"""The privacy mechanisms (:class:`Mechanism`), and the Gaussian mechanism on one client's reply: its contribution
+clipped in L2, then Gaussian noise.
 
 A reply's contribution is the concatenation of its float tensors. When every one of them has a tensor of the same
 name and shape among what the server sent (a model update), the contribution is their difference from it: clipped,
@@ -13,12 +14,15 @@ cannot be noised: :func:`privatize` refuses it.
 
 from __future__ import annotations
 
-from typing import Mapping, Optional
+import math
+from typing import ClassVar, Mapping, Optional
 
 import numpy as np
 
 from fedsim.errors import UserError
 from fedsim.messages import Tensors
+from fedsim.privacy.exchanges import EACH, WEIGHTED, sampling_rate
+from fedsim.registry import MECHANISMS
 
 BN_COUNTER = "num_batches_tracked"
 """The suffix of a batch-norm layer's step counter in a state dict."""
@@ -92,3 +96,94 @@ def privatize(
             piece = piece + np.asarray(reference[name], dtype=np.float64)
         out[name] = piece.astype(original.dtype)
     return out, norm
+
+
+class Mechanism:
+    """A privacy mechanism (``privacy.mode``): how each reply of a noised stage is noised, and how one noised
+    exchange is accounted.
+
+    A mechanism is a class, built-in or in the user's package, named by ``privacy.mode``: a registered name, a dotted
+    path ``mypkg.privacy:MyMechanism`` or an entry point of group ``fedsim.privacy``; fedsim makes one with no
+    argument. ``combined`` is how the server uses a stage's replies (:data:`fedsim.privacy.exchanges.WEIGHTED`,
+    ``UNIFORM`` or ``EACH``), ``weights`` each reply's sample count. The built-ins are the Gaussian mechanism of
+    DP-FedAvg, split over the replies (:class:`CentralGaussian`) or on every reply (:class:`LocalGaussian`).
+    """
+
+    description: ClassVar[str] = ""
+    """One line: what the mechanism adds and whom it protects against."""
+    registry_name: ClassVar[str] = ""
+    """The name it is registered under (set by the registry)."""
+
+    def check(self, settings) -> None:
+        """Raise :class:`fedsim.errors.UserError` (one line) for ``privacy`` settings the mechanism cannot take."""
+
+    def noise_stds(
+        self, combined: str, noise_multiplier: float, clip: float, weights: Mapping[int, float]
+    ) -> dict[int, float]:
+        """Each of the m replies' noise scale, by client id."""
+        raise NotImplementedError(f"{type(self).__name__} must define noise_stds")
+
+    def rate(self, combined: str, senders: int, called: int) -> float:
+        """The sampling rate an exchange is accounted at (1: no amplification by sampling)."""
+        return 1.0
+
+    def privatize(
+        self,
+        tensors: Tensors,
+        reference: Optional[Mapping[str, np.ndarray]],
+        bound: float,
+        noise_std: float,
+        rng: np.random.Generator,
+    ) -> tuple[dict[str, np.ndarray], float]:
+        """One reply's tensors clipped and noised (:func:`privatize`); returns them and the norm before clipping."""
+        return privatize(tensors, reference, bound, noise_std, rng)
+
+    def event(self, rate: float, noise_multiplier: float):
+        """The dp_accounting event of one noised exchange: a Gaussian of multiplier z, Poisson-subsampled at
+        ``rate`` when it is below 1."""
+        from fedsim.privacy.accountant import exchange_event
+
+        return exchange_event(rate, noise_multiplier)
+
+
+@MECHANISMS.register("central")
+class CentralGaussian(Mechanism):
+    """Client-level DP-FedAvg (McMahan et al., ICLR 2018): the noise of std z C that DP-FedAvg adds to the sum of the
+    m clipped contributions, split among the m replies (std z C / sqrt(m) each; z C max(w) / (w_k sqrt(m)) on a sum
+    weighted by w); a stage whose replies are used one by one gives each the full z C. A summed stage is accounted at
+    the share of its population called."""
+
+    description = "Gaussian noise of std z C on the sum the server aggregates (client-level DP-FedAvg)"
+
+    def noise_stds(self, combined, noise_multiplier, clip, weights):
+        z, m = noise_multiplier, len(weights)
+        if combined == EACH:
+            return {cid: z * clip for cid in weights}
+        own = {cid: float(w) if combined == WEIGHTED else 1.0 for cid, w in weights.items()}
+        heaviest = max(own.values())
+        return {cid: z * clip * heaviest / (w * math.sqrt(m)) for cid, w in own.items()}
+
+    def rate(self, combined, senders, called):
+        return 1.0 if combined == EACH else sampling_rate(senders, called)
+
+
+@MECHANISMS.register("local")
+class LocalGaussian(Mechanism):
+    """Gaussian noise of std z C on every reply, each one private against the server that reads it."""
+
+    description = "Gaussian noise of std z C on every reply, private against the server itself"
+
+    def noise_stds(self, combined, noise_multiplier, clip, weights):
+        return {cid: noise_multiplier * clip for cid in weights}
+
+
+def make_mechanism(settings) -> Mechanism:
+    """The mechanism ``privacy.mode`` names, made and given the ``privacy`` section to check."""
+    made = MECHANISMS.get(settings.mode)()
+    if not isinstance(made, Mechanism):
+        raise UserError(
+            f"privacy mechanism {settings.mode!r} made an object of type {type(made).__name__}, not a "
+            "fedsim.privacy.Mechanism: subclass it"
+        )
+    made.check(settings)
+    return made

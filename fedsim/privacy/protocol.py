@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import math
 from collections import Counter
 from typing import Mapping, Optional
 
@@ -33,17 +32,9 @@ import numpy as np
 from fedsim.errors import UserError
 from fedsim.messages import Instruction, Reply
 from fedsim.privacy.accountant import Ledger, Rates, calibrate_noise_multiplier, spent_epsilon
-from fedsim.privacy.exchanges import (
-    EACH,
-    WEIGHTED,
-    Exchanges,
-    Stage,
-    method_exchanges,
-    population,
-    sample_size,
-    sampling_rate,
-)
-from fedsim.privacy.mechanism import float_names, privatize, unnoisable, update_reference
+from fedsim.privacy.exchanges import Exchanges, Stage, method_exchanges, population, sample_size
+from fedsim.privacy.mechanism import float_names, make_mechanism, unnoisable, update_reference
+from fedsim.registry import MECHANISMS
 from fedsim.seeding import numpy_rng
 
 log = logging.getLogger(__name__)
@@ -60,15 +51,10 @@ def noised_stages(config, exchanges: Exchanges) -> tuple[str, ...]:
 def reply_noise_stds(
     mode: str, combined: str, noise_multiplier: float, clip: float, weights: Mapping[int, float]
 ) -> dict[int, float]:
-    """The noise standard deviation of each of the m replies of one call (the module docstring): z C in the local
-    mode or on a stage whose replies are used one by one; z C / sqrt(m) on a uniform sum; z C max(w) / (w_k sqrt(m))
-    on a sum weighted by ``weights`` (the replies' sample counts)."""
-    z, m = noise_multiplier, len(weights)
-    if mode != "central" or combined == EACH:
-        return {cid: z * clip for cid in weights}
-    own = {cid: float(w) if combined == WEIGHTED else 1.0 for cid, w in weights.items()}
-    heaviest = max(own.values())
-    return {cid: z * clip * heaviest / (w * math.sqrt(m)) for cid, w in own.items()}
+    """The noise standard deviation of each of the m replies of one call under the mechanism ``mode`` (the module
+    docstring): z C in the local mode or on a stage whose replies are used one by one; z C / sqrt(m) on a uniform
+    sum; z C max(w) / (w_k sqrt(m)) on a sum weighted by ``weights`` (the replies' sample counts)."""
+    return MECHANISMS.get(mode)().noise_stds(combined, noise_multiplier, clip, weights)
 
 
 class RunPrivacy:
@@ -82,6 +68,7 @@ class RunPrivacy:
         self.config = config
         self.federation = federation
         self.root_seed = config.run.seed
+        self.mechanism = make_mechanism(settings)
         self.exchanges = method_exchanges(config)
         self.stages: dict[str, Stage] = {op: self.exchanges.stage(op) for op in noised_stages(config, self.exchanges)}
         self.clips = {op: float((settings.stage_clip or {}).get(op, settings.clip)) for op in self.stages}
@@ -90,16 +77,18 @@ class RunPrivacy:
         if settings.noise_multiplier is not None:
             self.noise_multiplier = float(settings.noise_multiplier)
         else:
-            self.noise_multiplier = calibrate_noise_multiplier(plan, settings.epsilon, self.delta, settings.accountant)
+            self.noise_multiplier = calibrate_noise_multiplier(
+                plan, settings.epsilon, self.delta, settings.accountant, self.mechanism.event
+            )
             log.info(
                 "privacy: noise multiplier %.6g spends epsilon %.6g of %g at delta %g over %d rounds",
                 self.noise_multiplier,
-                spent_epsilon(plan, self.noise_multiplier, self.delta, settings.accountant),
+                spent_epsilon(plan, self.noise_multiplier, self.delta, settings.accountant, self.mechanism.event),
                 settings.epsilon,
                 self.delta,
                 len(plan),
             )
-        self.ledger = Ledger(settings.accountant, self.noise_multiplier, self.delta)
+        self.ledger = Ledger(settings.accountant, self.noise_multiplier, self.delta, self.mechanism.event)
 
     def planned_rounds(self, method) -> list[Rates]:
         """The sampling rates of every round's noised exchanges, as the method will call them (what the
@@ -119,15 +108,13 @@ class RunPrivacy:
     def rate(self, stage: Stage, senders: int, called: int) -> float:
         """The sampling rate an exchange is accounted at: the share of its population called, in the central mode
         on a summed stage; 1 otherwise (the server, or the client the replies go to, sees who sent each one)."""
-        if self.settings.mode != "central" or stage.combined == EACH:
-            return 1.0
-        return sampling_rate(senders, called)
+        return self.mechanism.rate(stage.combined, senders, called)
 
     def noise_stds(self, stage: Stage, replies: Mapping[int, Reply]) -> dict[int, float]:
         """Each reply's noise standard deviation (:func:`reply_noise_stds`)."""
         weights = {cid: float(max(r.num_examples, 1)) for cid, r in replies.items()}
         clip = self.clips[stage.operation]
-        return reply_noise_stds(self.settings.mode, stage.combined, self.noise_multiplier, clip, weights)
+        return self.mechanism.noise_stds(stage.combined, self.noise_multiplier, clip, weights)
 
     def round(self, rnd: int) -> RoundPrivacy:
         return RoundPrivacy(self, rnd)
@@ -181,7 +168,7 @@ class RoundPrivacy:
             for cid, reply in carrying.items():
                 rng = numpy_rng(self.run.root_seed, self.round, cid, operation, occurrence, "privacy")
                 reference = update_reference(reply.tensors, self.references(instructions[cid]))
-                tensors, norm = privatize(reply.tensors, reference, clip, stds[cid], rng)
+                tensors, norm = self.run.mechanism.privatize(reply.tensors, reference, clip, stds[cid], rng)
                 out[cid] = dataclasses.replace(reply, tensors=tensors)
                 self.contributions += 1
                 self.clipped += norm > clip
