@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from fedsim.errors import UserError
 from tools.device import tep_protocol
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -105,3 +106,41 @@ def test_an_unknown_run_is_one_line(runs, tmp_path):
 
     with pytest.raises(UserError, match="nope"):
         tep_protocol.load(tep_protocol.parse_args(["--out", str(tmp_path), "--runs", runs]))
+
+
+RESULTS = ROOT / "experiments" / "specs" / "results"
+
+
+def _trials(path: Path) -> dict:
+    from fedsim.experiments.reproduce_spec import load_spec, to_sweep
+    from fedsim.experiments.sweep_grid import VARIANT_KEY
+
+    spec = load_spec(None, str(path))
+    sweep = to_sweep(spec)
+    return {
+        (run, target): sweep.config_for({VARIANT_KEY: name, "run.seed": 0}) for name, run, _, target in spec.variants()
+    }
+
+
+def test_the_device_spec_runs_the_results_specs_mode2_trials():
+    """Every run of tools/device/tep_mode2.yaml is the mode2 trial of the windows results specs, setting for
+    setting: FADA III of fada-tep-windows, every other run of feddadil-tep-windows."""
+    device = _trials(tep_protocol.SPEC)
+    feddadil = _trials(RESULTS / "feddadil-tep-windows.yaml")
+    fada = _trials(RESULTS / "fada-tep-windows.yaml")
+    assert {target for _, target in device} == {"mode2"}
+    for (run, target), config in device.items():
+        expected = fada["fada-III", target] if run == "fada" else feddadil[run, target]
+        assert config == expected, run
+
+
+def test_the_targets_filter_keeps_the_named_targets_and_titles_the_table(tmp_path):
+    args = tep_protocol.parse_args(
+        ["--out", str(tmp_path), "--spec", str(RESULTS / "feddadil-tep-windows.yaml"), "--targets", "mode2"]
+        + ["--windows", "7", "--precision", "fp32"]
+    )
+    spec = tep_protocol.load(args)
+    assert spec.raw["benchmarks"]["tep"]["targets"] == ["mode2"]
+    assert spec.raw["paper"].endswith("TEP on the authors' windows, 7 windows a class, fp32")
+    with pytest.raises(UserError, match="--targets mode9: not a target"):
+        tep_protocol.load(tep_protocol.parse_args(["--out", str(tmp_path), "--targets", "mode9"]))

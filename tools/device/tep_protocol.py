@@ -2,8 +2,8 @@
 the local backend (on ``cuda`` when there is one), results.csv and the table as ``fedsim reproduce`` writes them.
 
     python -m tools.device.tep_protocol --out DIR [--spec tools/device/tep_mode2.yaml] [--seeds 0,1,2]
-        [--runs fedavg,centralized,...] [--windows 100] [--precision bf16] [--device cuda] [--workers 16]
-        [--budget-s 540] [--set KEY=VALUE ...]
+        [--runs fedavg,centralized,...] [--targets mode2] [--windows 100] [--precision bf16] [--device cuda]
+        [--workers 16] [--budget-s 540] [--set KEY=VALUE ...]
 
 The spec (:data:`SPEC`, the ``fedsim reproduce`` format) names the runs; ``--windows``, ``--precision``, the device
 (``resources.gpus_per_client=1`` on ``cuda``), ``--workers`` and ``--set`` are applied after every setting of the
@@ -20,6 +20,7 @@ import argparse
 import csv
 import logging
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -35,6 +36,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--spec", default=str(SPEC), help="the protocol's spec (fedsim reproduce format)")
     parser.add_argument("--seeds", default=None, help="comma list replacing the spec's seeds")
     parser.add_argument("--runs", default=None, help="comma list of the spec's runs to keep (default: all)")
+    parser.add_argument("--targets", default=None, help="comma list of the spec's targets to keep (default: all)")
     parser.add_argument("--windows", type=int, default=None, help="data.windows_per_class (default: the spec's)")
     parser.add_argument("--precision", default="bf16", choices=("fp32", "bf16"), help="run.precision")
     parser.add_argument("--device", default=None, help="cuda or cpu (default: cuda where available)")
@@ -56,6 +58,8 @@ def load(args: argparse.Namespace):
         runs = [r.strip() for r in args.runs.split(",") if r.strip()]
         spec._known("run", runs, spec.runs, f"spec {spec.name}: --runs")
         keep_runs(raw, runs)
+    if args.targets:
+        keep_targets(raw, [t.strip() for t in args.targets.split(",") if t.strip()], spec.name)
     last = [
         "run.backend=local",
         f"run.precision={args.precision}",
@@ -68,7 +72,38 @@ def load(args: argparse.Namespace):
     if args.workers:
         last.append(f"data.workers={args.workers}")
     raw["set_last"] = list(raw.get("set_last", [])) + last + list(args.set)
+    spec = PaperSpec(spec.name, raw, spec.origin)
+    raw["paper"] = titled(raw.get("paper", spec.name), spec)
     return PaperSpec(spec.name, raw, spec.origin)
+
+
+def titled(paper: str, spec) -> str:
+    """The spec's title naming what this call runs: windows a class and precision (a ``, N windows a class, P``
+    suffix of the spec's own title replaced)."""
+    from fedsim.experiments.reproduce_spec import to_sweep
+
+    sweep = to_sweep(spec)
+    config = sweep.config_for(next(iter(sweep.points())))
+    base = re.sub(r", \d+ windows a class, \w+$", "", paper)
+    return f"{base}, {config.data.options.windows_per_class} windows a class, {config.run.precision}"
+
+
+def keep_targets(raw: dict, targets: list[str], name: str) -> None:
+    """Every benchmark's targets narrowed to ``targets`` (a benchmark left with none is dropped)."""
+    from fedsim.errors import UserError
+
+    known = {t for bench in raw["benchmarks"].values() for t in bench.get("targets", [])}
+    unknown = [t for t in targets if t not in known]
+    if unknown:
+        raise UserError(
+            f"spec {name}: --targets {', '.join(unknown)}: not a target of the spec ({', '.join(sorted(known))})"
+        )
+    benchmarks = {}
+    for key, bench in raw["benchmarks"].items():
+        kept = [t for t in bench.get("targets", []) if t in targets]
+        if kept:
+            benchmarks[key] = {**bench, "targets": kept}
+    raw["benchmarks"] = benchmarks
 
 
 def keep_runs(raw: dict, runs: list[str]) -> None:
