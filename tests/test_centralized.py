@@ -11,7 +11,7 @@ from fedsim.config import load_config
 from fedsim.data.base import ArraySplit
 from fedsim.data.scenario import build_federation, load_client_data
 from fedsim.messages import LocalSettings
-from fedsim.methods.base import Method
+from fedsim.methods.base import PooledReference
 from fedsim.methods.centralized import Centralized
 from fedsim.methods.common.classifier import GlobalClassifier
 from fedsim.methods.common.training import model_to_numpy
@@ -31,7 +31,7 @@ def _server(overrides, executor_cls=LocalExecutor):
 
 
 def test_centralized_composes_the_classifier_instead_of_inheriting_fedavg(toy_overrides):
-    assert Centralized.__bases__ == (Method,) and Centralized.centralized is True
+    assert Centralized.__bases__ == (PooledReference,) and Centralized.centralized is True
     assert Centralized.operations == {"upload", "evaluate"}
     assert len(Centralized.description()) > 10
 

@@ -7,10 +7,10 @@ from conftest import RecordingExecutor
 from fedsim.config import load_config
 from fedsim.data.scenario import build_federation
 from fedsim.losses import DANNLoss, MMDLoss
-from fedsim.methods.dann import DANN
-from fedsim.methods.families.pooled_alignment import CentralizedAlignment
-from fedsim.methods.feddann import FedDANN
-from fedsim.methods.mmd import MMD
+from fedsim.methods.alignment.dann import DANN
+from fedsim.methods.alignment.feddann import FedDANN
+from fedsim.methods.alignment.mmd import MMD
+from fedsim.methods.alignment.pooled import CentralizedAlignment
 from fedsim.runtime import Server
 
 

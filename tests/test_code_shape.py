@@ -77,9 +77,10 @@ def test_no_underscore_module_is_imported_from_another_package():
 
 
 METHODS_DIR = ROOT / "fedsim" / "methods"
-#: the names at the top of ``fedsim/methods``: a method's module, or the package of a method with parts of its own
+#: the names at the top of ``fedsim/methods``: a method's module, the package of a method with parts of its own, or
+#: a family's package (its methods and what they alone share)
 TOP = {p.stem for p in METHODS_DIR.glob("*.py")} | {p.parent.name for p in METHODS_DIR.glob("*/__init__.py")}
-CONCRETE = TOP - {"__init__", "base", "common", "families"}
+CONCRETE = TOP - {"__init__", "base", "common"}
 
 #: fedsim's floors, the ground first; each floor holds rooms (a module, or a package and everything under it). A module
 #: imports its own floor and the floors below, never one above; the toolkits' rooms never import each other (losses
@@ -102,7 +103,6 @@ FLOORS = (
     ("toolkits", ("fedsim.ot", "fedsim.detection", "fedsim.models", "fedsim.losses")),
     ("method pieces", ("fedsim.methods.common",)),
     ("method interface", ("fedsim.methods", "fedsim.methods.base")),
-    ("method families", ("fedsim.methods.families",)),
     ("methods", tuple(f"fedsim.methods.{name}" for name in sorted(CONCRETE))),
     ("runtime", ("fedsim.runtime",)),
     ("entry", ("fedsim", "fedsim.api")),

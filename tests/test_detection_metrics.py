@@ -134,7 +134,7 @@ def test_bad_input_raises(truth, dets, message):
 def test_a_u_scores_each_clients_model_on_the_server_set_and_every_clients_set():
     """u_i = mAP(M_i on S u T_1 u T_2), the paper's L_U; A_u_deployed keeps mAP(M_i on S, M_j on T_j for every
     client j), A_u_own mAP(M_i on S u T_i)."""
-    from fedsim.methods.common.detection_eval import DetectionRoles, Family, family_scores
+    from fedsim.methods.detection.evaluation import DetectionRoles, Family, family_scores
 
     rng = np.random.default_rng(3)
     roles = DetectionRoles("server", 0, (1, 2), ())

@@ -15,12 +15,13 @@ from fedsim.data.scenario import build_federation, load_client_data
 from fedsim.errors import UserError
 from fedsim.losses import DANNLoss, MMDLoss
 from fedsim.messages import LocalSettings
+from fedsim.methods.alignment.base import FeatureAlignment
+from fedsim.methods.alignment.feddann import FedDANN
+from fedsim.methods.alignment.fedmmd import FedMMD
+from fedsim.methods.alignment.objective import AlignmentObjective, steps_per_epoch
 from fedsim.methods.common.aggregation import weighted_average
-from fedsim.methods.common.alignment import TARGET_FEATURES, AlignmentObjective, encode_subset, steps_per_epoch
+from fedsim.methods.common.target_features import TARGET_FEATURES, encode_subset
 from fedsim.methods.common.training import train_epochs
-from fedsim.methods.families.alignment import FeatureAlignment
-from fedsim.methods.feddann import FedDANN
-from fedsim.methods.fedmmd import FedMMD
 from fedsim.models import build_model
 from fedsim.registry import METHODS
 from fedsim.runtime import LocalExecutor, Server
@@ -273,7 +274,7 @@ def test_the_schedule_follows_ganins_ramp_and_annealing(toy_overrides):
 
 
 def test_optimizer_anneals_every_group_and_scales_the_discriminator(toy_overrides):
-    from fedsim.methods.common.alignment import alignment_optimizer
+    from fedsim.methods.alignment.objective import alignment_optimizer
 
     config, _, _, method = setup(toy_overrides, "feddann", "method.discriminator_lr_scale=10", "method.lr=0.02")
     assert method.domain_lr_scale() == 10

@@ -12,12 +12,11 @@ from fedsim.config import load_config
 from fedsim.data.normalization import feature_stats, mean_std
 from fedsim.data.scenario import build_federation, load_client_data
 from fedsim.errors import UserError
-from fedsim.methods.common import dictionary as dil
-from fedsim.methods.common import dictionary_predictors as predictors
-from fedsim.methods.common import dictionary_sampling as sampling
 from fedsim.methods.common.training import load_numpy
-from fedsim.methods.dadil import DaDiL
-from fedsim.methods.feddadil import FedDaDiL
+from fedsim.methods.dictionary import learning as dil
+from fedsim.methods.dictionary import predictors, sampling
+from fedsim.methods.dictionary.dadil import DaDiL
+from fedsim.methods.dictionary.feddadil import FedDaDiL
 from fedsim.ot.barycenter import labeled_barycenter
 from fedsim.runtime import Server
 
@@ -403,7 +402,7 @@ def test_reproduce_grids_reach_the_dictionary_stage():
     """`fedsim reproduce feddadil [--quick]`: the dictionary gets the authors' rounds (FedDaDiL 50, DaDiL 40) after
     the encoder's, 5 automatic rounds on digits and 10 MLP rounds on TEP; the quick grid's 3 rounds start with 1."""
     from fedsim.experiments.reproduce_spec import load_spec, shrink, to_sweep
-    from fedsim.methods.families.dictionary import DEFAULT_IMAGE_ENCODER_ROUNDS
+    from fedsim.methods.dictionary.base import DEFAULT_IMAGE_ENCODER_ROUNDS
 
     for quick in (False, True):
         sweep = to_sweep(shrink(load_spec("feddadil", None), quick, None))

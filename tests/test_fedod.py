@@ -11,7 +11,7 @@ from fedsim.api import run_experiment
 from fedsim.config import load_config
 from fedsim.data.scenario import build_federation, load_client_data
 from fedsim.errors import UserError
-from fedsim.methods.fedod.distillation import channel_wise_distillation, multi_teacher_loss
+from fedsim.methods.detection.fedod.distillation import channel_wise_distillation, multi_teacher_loss
 from fedsim.models.detector import DetectorSpec, build_detector, head_keys, save_weights
 from fedsim.models.normalization import bn_keys
 from fedsim.registry import METHODS
@@ -167,8 +167,8 @@ def test_a_u_scores_each_clients_model_on_the_server_set_and_every_clients_set(t
     A_u_deployed scores each T_j with client j's own model. Two clients, models trained enough to find boxes."""
     from fedsim.detection.fusion import fuse
     from fedsim.detection.metrics import coco_map
-    from fedsim.methods.common.detection_eval import detect_all
     from fedsim.methods.common.training import load_numpy
+    from fedsim.methods.detection.evaluation import detect_all
 
     trained = ["data.sources=server,night,farm", "method.base_iters=40", "method.client_iters=10", "method.lr=0.05"]
     config, federation, executor, server, metrics = run_local(options(tiny, "fedod", *trained))
@@ -229,9 +229,9 @@ def test_distillation_terms_at_zero_leave_the_same_server_steps_on_the_detection
     """The control of the distillation claim: lambda_feat = lambda_cls = lambda_reg = 0 gives w_g = distill_iters
     steps of the detection loss alone from mean(w_g, w_1), on the same batches; with the terms w_g differs."""
     from fedsim.methods.common.aggregation import weighted_average
-    from fedsim.methods.common.detection_eval import prefixed
-    from fedsim.methods.common.detection_training import DetectionSet
     from fedsim.methods.common.training import load_numpy, model_to_numpy
+    from fedsim.methods.detection.evaluation import prefixed
+    from fedsim.methods.detection.training import DetectionSet
 
     zero = ["method.lambda_feat=0", "method.lambda_cls=0", "method.lambda_reg=0", "method.distill_iters=3"]
     config, federation, executor, server, metrics = run_local(options(tiny, "fedod", *zero))

@@ -10,7 +10,7 @@ import torch
 
 from fedsim.errors import NumericalError, UserError, unwrapped
 from fedsim.experiments.cli import main
-from fedsim.methods.common import dictionary as dil
+from fedsim.methods.dictionary import learning as dil
 from fedsim.methods.fedavg import FedAvg
 from fedsim.ot.barycenter import labeled_barycenter
 from fedsim.ot.simplex import rounding_tolerance

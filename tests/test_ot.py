@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from fedsim.errors import UserError
-from fedsim.methods.common import dictionary as dil
+from fedsim.methods.dictionary import learning as dil
 from fedsim.ot.barycenter import labeled_barycenter
 from fedsim.ot.simplex import project_simplex, renormalized
 from fedsim.ot.wasserstein import joint_cost, relative_label_weight, transport_plan, wasserstein_distance

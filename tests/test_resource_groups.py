@@ -113,7 +113,7 @@ def test_the_cli_refuses_a_bad_group_with_exit_code_2(toy_overrides, capsys, tmp
 def test_the_encoder_cache_key_tells_the_groups_and_their_device_apart(toy_overrides, tmp_path):
     """FedDaDiL's shared encoder stage: a group's resources, and GPUs a group asks for on Ray (CUDA) against the
     local backend (CPU), are other keys; the same groups on the same backend are the same key."""
-    from fedsim.methods.feddadil import FedDaDiL
+    from fedsim.methods.dictionary.feddadil import FedDaDiL
 
     base = [*toy_overrides, "method.name=feddadil", "method.encoder_rounds=1", f"run.cache_dir={tmp_path}"]
 

@@ -238,7 +238,7 @@ def _dictionary_outputs(config, federation, executor) -> dict:
     evaluation trained (the same atoms, alpha and seed)."""
     import torch
 
-    from fedsim.methods.common.dictionary_predictors import evaluate_and_apply
+    from fedsim.methods.dictionary.predictors import evaluate_and_apply
 
     last_evaluation = executor.calls[-1][0]
     outputs = {}

@@ -82,7 +82,7 @@ def test_the_clients_resources_are_in_the_key_and_unreliable_clients_or_a_short_
     toy_overrides, tmp_path
 ):
     from fedsim.data.scenario import build_federation
-    from fedsim.methods.feddadil import FedDaDiL
+    from fedsim.methods.dictionary.feddadil import FedDaDiL
 
     base = toy_overrides + SMALL + ["method.name=feddadil", f"run.cache_dir={tmp_path}"]
 

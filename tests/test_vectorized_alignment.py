@@ -9,8 +9,8 @@ from fedsim.config import load_config
 from fedsim.data.scenario import build_federation
 from fedsim.losses.mmd import gaussian_mmd2
 from fedsim.messages import Instruction, LocalSettings
-from fedsim.methods.common import vectorized_alignment
-from fedsim.methods.common.alignment import TARGET_FEATURES
+from fedsim.methods.alignment import vectorized as vectorized_alignment
+from fedsim.methods.common.target_features import TARGET_FEATURES
 from fedsim.runtime.client_host import ClientHost
 from fedsim.seeding import derive_seed
 

@@ -66,7 +66,7 @@ class Benchmark(ABC):
     """The benchmark's task, "classification" or "detection": a method runs only on benchmarks of its own task."""
     server_domain: ClassVar[Optional[str]] = None
     """Detection benchmarks: the domain of the FedOD server's own large labeled set (Su et al. 2022), hosted like
-    a client's data (:mod:`fedsim.methods.families.detection`); None: no server domain."""
+    a client's data (:mod:`fedsim.methods.detection.base`); None: no server domain."""
     registry_name: ClassVar[str] = ""
     """The name it is registered under (set by the registry)."""
 

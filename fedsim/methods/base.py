@@ -7,7 +7,8 @@ Server half (runs where the global state lives):
     :class:`fedsim.runtime.context.RoundContext`), in the order of the paper's algorithm box.
     ``evaluate_round(ctx, state) -> metrics``: by default every client evaluates ``evaluation_tensors(state)``.
     :class:`SingleExchange` gives ``run_round`` to methods that are one exchange per round
-    (``configure`` / ``aggregate``, Flower's pairing).
+    (``configure`` / ``aggregate``, Flower's pairing); :class:`PooledReference` gives the pooled references (the
+    centralized ones) their models and the sources' upload.
 
 Client half (runs where the client's data lives):
     ``init_client(data) -> private state``
@@ -32,6 +33,7 @@ from fedsim.data.base import ClientData
 from fedsim.data.scenario import Federation
 from fedsim.messages import Instruction, LocalSettings, Reply, Tensors
 from fedsim.methods.common.evaluation import summarize_evaluation
+from fedsim.methods.common.pooling import labeled_upload
 from fedsim.methods.common.selection_hooks import density_payload, requested_scores
 from fedsim.seeding import derive_seed
 
@@ -245,3 +247,31 @@ class SingleExchange(Method):
         exchange = self.configure(ctx, state)
         replies = ctx.call(exchange.operation, exchange.tensors, exchange.clients, exchange.values)
         return self.aggregate(ctx, state, replies)
+
+
+class PooledReference(Method):
+    """The references that move the sources' labeled data to the server on purpose and train there (centralized
+    source-only, DANN and MMD on the pooled data): the clients' evaluation model and the server's model, each built
+    as FedAvg's, and the sources' ``upload``. A subclass writes ``run_round`` over the pool and ``evaluate``."""
+
+    centralized = True  # replies carry client data on purpose: the contract tests know this
+
+    def __init__(self, config: ExperimentConfig, federation: Federation, device: str = "cpu"):
+        from fedsim.methods.common.classifier import GlobalClassifier  # torch, needed only where the method runs
+
+        super().__init__(config, federation, device)
+        self.classifier = GlobalClassifier(config, federation, self.device)
+        """The clients' evaluation model."""
+        self.pooled = GlobalClassifier(config, federation, self.device)
+        """The server's model, trained on the pool."""
+
+    def init_server(self) -> ServerState:
+        return {"weights": self.classifier.initial_weights()}
+
+    def init_client(self, data: ClientData) -> Any:
+        return {"model": self.classifier.shared()}  # "model" is transient (see Method.transient_state_keys)
+
+    @client_operation
+    def upload(self, instruction: Instruction, state: Any, data: ClientData) -> tuple[Reply, Any]:
+        """A source client sends its (standardized) training inputs and labels to the server."""
+        return labeled_upload(data), state

@@ -42,10 +42,9 @@ import torch
 from fedsim.data.base import ArraySplit, ClientData
 from fedsim.errors import UserError
 from fedsim.messages import Instruction, Reply
-from fedsim.methods.base import Method, ServerState, client_operation
+from fedsim.methods.base import PooledReference, ServerState, client_operation
 from fedsim.methods.common import precision
-from fedsim.methods.common.classifier import GlobalClassifier
-from fedsim.methods.common.pooling import gather_sources, labeled_upload
+from fedsim.methods.common.pooling import gather_sources
 from fedsim.methods.common.selection_hooks import ClassifierPredictor, model_tensors, selection_reply
 from fedsim.methods.common.training import load_numpy, model_to_numpy, train_epochs
 from fedsim.registry import METHODS
@@ -65,10 +64,8 @@ TEP_RECIPE = {
 
 
 @METHODS.register("centralized")
-class Centralized(Method):
+class Centralized(PooledReference):
     """Centralized source-only reference: one model trained on the pooled source data, which FedAvg approximates."""
-
-    centralized = True  # replies carry client data on purpose: the contract tests know this
 
     @dataclass(frozen=True)
     class Params:
@@ -83,15 +80,7 @@ class Centralized(Method):
                     "e.g. --set method.optimizer=adam"
                 )
 
-    def __init__(self, config, federation, device: str = "cpu"):
-        super().__init__(config, federation, device)
-        self.classifier = GlobalClassifier(config, federation, self.device)  # the clients' evaluation model
-        self.pooled = GlobalClassifier(config, federation, self.device)  # the server's model, trained on the pool
-
     # ---- server half ------------------------------------------------------
-    def init_server(self) -> ServerState:
-        return {"weights": self.classifier.initial_weights()}
-
     def run_round(self, ctx, state: ServerState) -> tuple[ServerState, dict]:
         """Gather the pool once, then ``method.local_epochs`` epochs on it: SGD with a fresh optimizer per round, or
         Adam continuing from the previous round's state."""
@@ -124,14 +113,6 @@ class Centralized(Method):
         return loss, saved
 
     # ---- client half ------------------------------------------------------
-    def init_client(self, data: ClientData) -> Any:
-        return {"model": self.classifier.shared()}  # "model" is transient (see Method.transient_state_keys)
-
-    @client_operation
-    def upload(self, instruction: Instruction, state: Any, data: ClientData) -> tuple[Reply, Any]:
-        """Send the (standardized) training inputs and labels to the server: the centralized setting."""
-        return labeled_upload(data), state
-
     @client_operation
     def evaluate(self, instruction: Instruction, state: Any, data: ClientData) -> tuple[Reply, Any]:
         """Every client (the target included) tests the broadcast weights, as in FedAvg; the selection statistics of

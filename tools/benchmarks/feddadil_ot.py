@@ -70,7 +70,7 @@ def instrument(spent: dict) -> None:
     metrics into ``spent``."""
     import ot
 
-    from fedsim.methods.common import dictionary
+    from fedsim.methods.dictionary import learning as dictionary
     from fedsim.ot import barycenter, wasserstein  # the modules whose OT calls are timed
 
     for name in ("emd", "sinkhorn", "dist"):
@@ -140,7 +140,7 @@ def report(args, per_round: list) -> None:
 
 def record_steps(problems: list) -> None:
     """Keep a copy of the inputs of every ``dil_loss`` call (its generator's state included) in ``problems``."""
-    from fedsim.methods.common import dictionary
+    from fedsim.methods.dictionary import learning as dictionary
 
     dil_loss = dictionary.dil_loss
 
@@ -158,7 +158,7 @@ def dil_step(problem, barycenter_function):
     ``labeled_barycenter``: (seconds, loss, gradients w.r.t. the atoms' features, label logits and alpha)."""
     import torch
 
-    from fedsim.methods.common import dictionary
+    from fedsim.methods.dictionary import learning as dictionary
 
     dil_loss = getattr(dictionary.dil_loss, "__wrapped__", dictionary.dil_loss)  # not record_steps' copy
     atoms_x, atoms_logits, alpha, x, y, p, state = problem

@@ -201,11 +201,11 @@ def _dictionary_rows(method, state: dict, data, instruction) -> Reference:
 
 def _encoded_rows(model_key: str, batch_statistics: Callable[[Any], bool]):
     """Every training and test input encoded by the model that encoded the sent features (a copy, taken after the
-    call), as :func:`fedsim.methods.common.alignment.encode_subset` encoded the sent subset: the same batch-norm
+    call), as :func:`fedsim.methods.common.target_features.encode_subset` encoded the sent subset: the same batch-norm
     mode, chunks of the call's batch size."""
 
     def reference(method, state: dict, data, instruction) -> Reference:
-        from fedsim.methods.common.alignment import encode_subset
+        from fedsim.methods.common.target_features import encode_subset
 
         model, chunk, batch = copy.deepcopy(state[model_key]), instruction.local.batch_size, batch_statistics(method)
         inputs = (data.train.x, data.test.x)

@@ -36,8 +36,8 @@ def refit_alpha(run: RunDir, client_id: int, steps: int, seed: int) -> torch.Ten
     """Alpha re-fitted on the frozen atoms: projected SGD on the DiL loss over the client's training data."""
     import torch
 
-    from fedsim.methods.common import dictionary as dil
-    from fedsim.methods.common import dictionary_sampling as sampling
+    from fedsim.methods.dictionary import learning as dil
+    from fedsim.methods.dictionary import sampling
 
     params, method = run.config.method.params, run.config.method
     atoms_x, atoms_logits = atoms(run)
@@ -62,7 +62,7 @@ def refit_alpha(run: RunDir, client_id: int, steps: int, seed: int) -> torch.Ten
 
 def accuracies(run: RunDir, client_id: int, alpha: torch.Tensor, seed: int) -> tuple[float, float]:
     """DaDiL-R and DaDiL-E test accuracy of one client with ``alpha`` (the library's predictors)."""
-    from fedsim.methods.common.dictionary_predictors import evaluate_predictors
+    from fedsim.methods.dictionary.predictors import evaluate_predictors
 
     counts = evaluate_predictors(
         run.server_state,

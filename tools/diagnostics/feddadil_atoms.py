@@ -39,7 +39,7 @@ def measure(run: RunDir, samples: int = 0, seed: int = 0, accuracy: bool = True)
     """One line per source client: alpha, W2^2 to each atom and to its reconstruction, each h_k's accuracy."""
     import torch
 
-    from fedsim.methods.common.dictionary import barycenter
+    from fedsim.methods.dictionary.learning import barycenter
     from fedsim.ot.wasserstein import wasserstein_distance
 
     atoms_x, atoms_logits = atoms(run)
@@ -68,7 +68,7 @@ def measure(run: RunDir, samples: int = 0, seed: int = 0, accuracy: bool = True)
 def atom_accuracy(atom_x, atom_logits, x, y, params, seed: int) -> float:
     import torch
 
-    from fedsim.methods.common.dictionary_predictors import fit_classifier
+    from fedsim.methods.dictionary.predictors import fit_classifier
 
     model = fit_classifier(atom_x, torch.softmax(atom_logits, -1), params, seed)
     with torch.no_grad():

@@ -27,20 +27,19 @@ from fedsim.errors import UserError
 from fedsim.losses import DomainLoss, dann_schedule
 from fedsim.losses.domain import dann_lr_factor
 from fedsim.messages import Instruction, Reply
-from fedsim.methods.base import Method, ServerState, client_operation
-from fedsim.methods.common.aggregation import federated_average
-from fedsim.methods.common.alignment import (
+from fedsim.methods.alignment.objective import (
     SCHEDULES,
-    TARGET_FEATURES,
     AlignmentObjective,
     alignment_optimizer,
-    encode_subset,
     feature_dim,
     steps_per_epoch,
 )
+from fedsim.methods.base import Method, ServerState, client_operation
+from fedsim.methods.common.aggregation import federated_average
 from fedsim.methods.common.batchnorm import reestimate_bn
 from fedsim.methods.common.classifier import GlobalClassifier
 from fedsim.methods.common.selection_hooks import ClassifierPredictor, model_tensors, selection_reply
+from fedsim.methods.common.target_features import TARGET_FEATURES, encode_subset
 from fedsim.methods.common.training import evaluate_model, load_numpy, model_to_numpy, train_epochs
 from fedsim.models.normalization import bn_keys
 from fedsim.seeding import derive_seed

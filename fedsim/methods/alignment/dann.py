@@ -2,15 +2,15 @@
 
 The "federated vs centralized" comparison of the FedDaDiL paper: FedDANN's discriminator, parameters and
 schedule (lambda ramp 2/(1+exp(-10p))-1, learning rate mu_0/(1+10p)^0.75, Sec. 5.2.2), trained on the server
-over the pooled data (:class:`~fedsim.methods.families.pooled_alignment.CentralizedAlignment`), the target's
+over the pooled data (:class:`~fedsim.methods.alignment.pooled.CentralizedAlignment`), the target's
 batch encoded by the current encoder at every step. ``target_batch`` and ``target_normalization`` do not apply.
 """
 
 from __future__ import annotations
 
 from fedsim.losses import DANNLoss, DomainLoss
-from fedsim.methods.families.pooled_alignment import CentralizedAlignment
-from fedsim.methods.feddann import FedDANN
+from fedsim.methods.alignment.feddann import FedDANN
+from fedsim.methods.alignment.pooled import CentralizedAlignment
 from fedsim.registry import METHODS
 
 

@@ -3,7 +3,7 @@
 Each source client trains a private domain discriminator through gradient
 reversal (Eq. 9-10) against encoded target features sent by the target client;
 the model weights are averaged as in FedAvg. The exchange and the local loop
-are :class:`fedsim.methods.families.alignment.FeatureAlignment`'s; only the
+are :class:`fedsim.methods.alignment.base.FeatureAlignment`'s; only the
 loss object differs from FedMMD.
 
 Defaults (never from target labels): the discriminator is one hidden layer of 100 units, the domain classifier
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from fedsim.errors import UserError
 from fedsim.losses import DANNLoss, DomainLoss
-from fedsim.methods.families.alignment import AlignmentParams, FeatureAlignment
+from fedsim.methods.alignment.base import AlignmentParams, FeatureAlignment
 from fedsim.registry import METHODS
 
 

@@ -4,7 +4,7 @@
 Each source client adds lambda * MK-MMD^2 between its encoded batch and a batch
 of encoded target features sent by the target client; the model weights are
 averaged as in FedAvg. The exchange and the local loop are
-:class:`fedsim.methods.families.alignment.FeatureAlignment`'s; only the loss
+:class:`fedsim.methods.alignment.base.FeatureAlignment`'s; only the loss
 object differs from FedDANN.
 
 Training, from the sources: equal-weight Gaussian kernels with bandwidths at
@@ -13,7 +13,7 @@ kernels, sigma^2 = 2^k times the median squared distance); lambda = 1 on the
 ramp 2/(1+exp(-10p))-1 and the learning rate annealed as mu_0/(1+10p)^0.75,
 the training schedule DAN's own follow-up work (JAN, Long et al. 2017) takes
 from Ganin et al. (2016), shared with FedDANN so the two baselines differ by
-the loss alone (:mod:`fedsim.methods.families.alignment`). MMD has no parameters:
+the loss alone (:mod:`fedsim.methods.alignment.base`). MMD has no parameters:
 there is no discriminator learning rate. The digits config sets ``lambda_domain = 0.1``,
 FedDANN's value, so the two differ by the loss alone.
 """
@@ -28,8 +28,9 @@ from fedsim.errors import UserError
 from fedsim.losses import DomainLoss, MMDLoss
 from fedsim.losses.mmd import DEFAULT_MULTIPLIERS
 from fedsim.messages import Instruction, Reply
-from fedsim.methods.common.alignment import TARGET_FEATURES, steps_per_epoch
-from fedsim.methods.families.alignment import AlignmentParams, FeatureAlignment
+from fedsim.methods.alignment.base import AlignmentParams, FeatureAlignment
+from fedsim.methods.alignment.objective import steps_per_epoch
+from fedsim.methods.common.target_features import TARGET_FEATURES
 from fedsim.registry import METHODS
 from fedsim.seeding import derive_seed
 
@@ -71,10 +72,10 @@ class FedMMD(FeatureAlignment):
         return vectorizable_model(self.classifier.shared(), self.device)
 
     def fit_vectorized(self, items: list[tuple[Instruction, Any, ClientData]]) -> list[tuple[Reply, Any]]:
-        """:meth:`fit` for several sources at once (fedsim.methods.common.vectorized_alignment): the same batches,
+        """:meth:`fit` for several sources at once (fedsim.methods.alignment.vectorized): the same batches,
         target batches, schedule and SGD, one batched computation."""
+        from fedsim.methods.alignment.vectorized import AlignmentJob, train_alignment_grouped
         from fedsim.methods.common.vectorized import ClientJob
-        from fedsim.methods.common.vectorized_alignment import AlignmentJob, train_alignment_grouped
 
         if any(
             len(ins.tensors[TARGET_FEATURES]) < ins.local.batch_size for ins, _, _ in items

@@ -1,6 +1,6 @@
 """MMD (DAN's multi-kernel MMD, Long et al., ICML 2015), centralized: the pooled reference FedMMD approximates.
 
-The same server-side loop as :mod:`fedsim.methods.dann` (sources and the
+The same server-side loop as :mod:`fedsim.methods.alignment.dann` (sources and the
 target's unlabeled inputs pooled once, each step's target batch encoded by the
 current encoder, Ganin et al.'s lambda ramp and lr annealing), with FedMMD's
 loss object and kernel parameters.
@@ -9,8 +9,8 @@ loss object and kernel parameters.
 from __future__ import annotations
 
 from fedsim.losses import DomainLoss, MMDLoss
-from fedsim.methods.families.pooled_alignment import CentralizedAlignment
-from fedsim.methods.fedmmd import FedMMD
+from fedsim.methods.alignment.fedmmd import FedMMD
+from fedsim.methods.alignment.pooled import CentralizedAlignment
 from fedsim.registry import METHODS
 
 

@@ -1,5 +1,6 @@
-"""Pieces of feature alignment against a target domain: the target's encoded subset, the step objective
-cross-entropy + lambda * domain loss, and the optimizer over a model and a domain loss's parameters.
+"""Pieces of feature alignment against a target domain: the step objective cross-entropy + lambda * domain loss,
+the optimizer over a model and a domain loss's parameters, and the steps of an epoch; the target's encoded subset
+is :mod:`fedsim.methods.common.target_features`.
 
 The schedule follows Ganin et al. (JMLR 2016, Sec. 5.2.2): lambda ramps as 2 / (1 + exp(-10 p)) - 1 and the
 learning rate anneals as mu_0 / (1 + 10 p)^0.75, p the training progress in [0, 1].
@@ -9,41 +10,15 @@ from __future__ import annotations
 
 from typing import Callable, Optional
 
-import numpy as np
 import torch
 from torch import nn
 
 from fedsim.losses import DomainLoss
 from fedsim.messages import LocalSettings
-from fedsim.methods.common.training import CHUNK, encode_in_chunks, make_optimizer
+from fedsim.methods.common.training import make_optimizer
 from fedsim.optim import Optimizer
-from fedsim.seeding import numpy_rng
 
-TARGET_FEATURES = "target_features"  # payload key of the target features in the sources' fit instruction
 SCHEDULES = ("dann", "constant")  # lambda ramp and learning-rate annealing: Ganin et al.'s, or none
-
-
-@torch.no_grad()
-def encode_subset(
-    model: nn.Module,
-    x: np.ndarray,
-    count: int,
-    seed: int,
-    device: torch.device,
-    chunk: int = CHUNK,
-    batch_statistics: bool = False,
-) -> np.ndarray:
-    """Encoder features of a seeded random subset of ``count`` rows of ``x`` (all rows if fewer).
-
-    ``batch_statistics``: normalize by the statistics of each ``chunk`` of target
-    inputs (train-mode batch norm), as the sources' features are by their own
-    batches; the running statistics this updates are discarded (the weights are
-    reloaded before every operation). Otherwise eval mode (running statistics).
-    """
-    count = min(int(count), len(x))
-    index = np.sort(numpy_rng(seed).choice(len(x), size=count, replace=False))
-    model.train(batch_statistics)
-    return encode_in_chunks(model.features, x[index], device, chunk).numpy().astype(np.float32, copy=False)
 
 
 def feature_dim(model: nn.Module, input_shape: tuple[int, ...]) -> int:

@@ -4,7 +4,7 @@ Round 1: every source client uploads its training inputs and labels, the target 
 inputs (``upload_inputs``); the pool moves once and is counted in ``bytes_received``. Every round the server runs
 ``local_epochs`` epochs over the pooled sources; each step draws a target batch of the same size, encodes it with
 the current encoder in its own forward pass (Ganin et al., JMLR 2016) and adds lambda * domain loss, with the
-schedule of :class:`~fedsim.methods.families.alignment.AlignmentSchedule`. The domain loss's parameters live in
+schedule of :class:`~fedsim.methods.alignment.base.AlignmentSchedule`. The domain loss's parameters live in
 the server state (``domain_loss``). The target evaluates with its own batch-norm statistics (AdaBN) when the
 model has batch norm.
 """
@@ -18,33 +18,22 @@ import torch
 
 from fedsim.data.base import ArraySplit, ClientData
 from fedsim.messages import Instruction, Reply
-from fedsim.methods.base import ServerState, client_operation
+from fedsim.methods.alignment.base import AlignmentSchedule
+from fedsim.methods.alignment.objective import AlignmentObjective, alignment_optimizer, feature_dim, steps_per_epoch
+from fedsim.methods.base import PooledReference, ServerState, client_operation
 from fedsim.methods.common import precision
-from fedsim.methods.common.alignment import AlignmentObjective, alignment_optimizer, feature_dim, steps_per_epoch
 from fedsim.methods.common.batchnorm import reestimate_bn
-from fedsim.methods.common.classifier import GlobalClassifier
-from fedsim.methods.common.pooling import gather_sources, gather_target_inputs, inputs_upload, labeled_upload
+from fedsim.methods.common.pooling import gather_sources, gather_target_inputs, inputs_upload
 from fedsim.methods.common.selection_hooks import ClassifierPredictor, model_tensors, selection_reply
 from fedsim.methods.common.training import evaluate_model, load_numpy, model_to_numpy, train_epochs
-from fedsim.methods.families.alignment import AlignmentSchedule
 from fedsim.models.normalization import bn_keys
 from fedsim.seeding import derive_seed
 
 
-class CentralizedAlignment(AlignmentSchedule):
+class CentralizedAlignment(PooledReference, AlignmentSchedule):
     """Pooled sources + pooled unlabeled target inputs, trained on the server with a domain loss."""
 
-    centralized = True  # replies carry client data on purpose: the contract tests know this
-
-    def __init__(self, config, federation, device: str = "cpu"):
-        super().__init__(config, federation, device)
-        self.classifier = GlobalClassifier(config, federation, self.device)  # the clients' evaluation model
-        self.pooled = GlobalClassifier(config, federation, self.device)  # the server's model, trained on the pool
-
     # ---- server half ------------------------------------------------------
-    def init_server(self) -> ServerState:
-        return {"weights": self.classifier.initial_weights()}
-
     def run_round(self, ctx, state: ServerState) -> tuple[ServerState, dict]:
         if "pool" not in state:
             pool = gather_sources(ctx, self.federation.source_ids)
@@ -83,14 +72,6 @@ class CentralizedAlignment(AlignmentSchedule):
         return state, {**metrics, "domain_weight": self.domain_weight(ctx.round / self.config.run.rounds)}
 
     # ---- client half ------------------------------------------------------
-    def init_client(self, data: ClientData) -> Any:
-        return {"model": self.classifier.shared()}  # "model" is transient (see Method.transient_state_keys)
-
-    @client_operation
-    def upload(self, instruction: Instruction, state: Any, data: ClientData) -> tuple[Reply, Any]:
-        """A source client: its (standardized) training inputs and labels."""
-        return labeled_upload(data), state
-
     @client_operation
     def upload_inputs(self, instruction: Instruction, state: Any, data: ClientData) -> tuple[Reply, Any]:
         """The target client: its unlabeled training inputs (it holds no labels), for the pooled alignment."""

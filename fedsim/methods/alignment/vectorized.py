@@ -1,10 +1,10 @@
 """Several FedMMD source clients' local epochs as one batched computation (``resources.vectorize: auto``).
 
-Each client gets what :meth:`fedsim.methods.families.alignment.FeatureAlignment.fit` gives it in the loop: its
+Each client gets what :meth:`fedsim.methods.alignment.base.FeatureAlignment.fit` gives it in the loop: its
 batch order (:func:`~fedsim.methods.common.training.minibatches` from its seed), one target batch per trained batch
 (as many rows of the received target features as the batch has, drawn with ``randperm`` from its own
 ``derive_seed(seed, "target-batch")`` generator), lambda and the learning-rate factor of each of its steps
-(:class:`~fedsim.methods.common.alignment.AlignmentObjective`'s step count), SGD as ``torch.optim.SGD`` computes it
+(:class:`~fedsim.methods.alignment.objective.AlignmentObjective`'s step count), SGD as ``torch.optim.SGD`` computes it
 and its last epoch's ``train_loss``, ``domain_loss`` and ``lr``. The objective per client is cross-entropy over
 its real rows + lambda * MK-MMD^2 (:func:`fedsim.losses.mmd.gaussian_mmd2`, Gretton et al. 2012, Eq. 3) between
 its real source and target rows, the median heuristic over its own pooled points. Uneven clients are masked as in
@@ -21,7 +21,7 @@ import torch
 from torch import nn
 from torch.func import functional_call, vmap
 
-from fedsim.methods.common.alignment import steps_per_epoch
+from fedsim.methods.alignment.objective import steps_per_epoch
 from fedsim.methods.common.vectorized import (
     ClientJob,
     client_schedules,

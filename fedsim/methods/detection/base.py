@@ -15,7 +15,7 @@ Base stage. Round 1 first trains the base model w_b on the server host
 weights file; ``base_iters = 0`` keeps the file's weights as w_b).
 
 Evaluation (the families of predictors and their scores A_s, A_p, A_u, A_com; A_u the paper's, over S and
-every client's test set) is in :mod:`fedsim.methods.common.detection_eval`.
+every client's test set) is in :mod:`fedsim.methods.detection.evaluation`.
 """
 
 from __future__ import annotations
@@ -30,7 +30,8 @@ from fedsim.data.base import ClientData
 from fedsim.errors import UserError
 from fedsim.messages import Instruction, LocalSettings, Reply
 from fedsim.methods.base import Method, Replies, ServerState, client_operation
-from fedsim.methods.common.detection_eval import (
+from fedsim.methods.common.training import load_numpy, make_optimizer, model_to_numpy
+from fedsim.methods.detection.evaluation import (
     DetectionRoles,
     Family,
     Weights,
@@ -39,8 +40,7 @@ from fedsim.methods.common.detection_eval import (
     score_predictors,
     summarize,
 )
-from fedsim.methods.common.detection_training import DetectionSet, train_steps
-from fedsim.methods.common.training import load_numpy, make_optimizer, model_to_numpy
+from fedsim.methods.detection.training import DetectionSet, train_steps
 from fedsim.models.detector import Detector, DetectorSpec, build_detector
 from fedsim.registry import BENCHMARKS
 from fedsim.seeding import derive_seed
@@ -194,7 +194,7 @@ class DetectionMethod(Method):
 
     def evaluate_round(self, ctx, state: ServerState) -> dict:
         """The server host, the clients and the target score their predictors in one exchange; each gets the
-        payload tensors its predictors name (:func:`fedsim.methods.common.detection_eval.payload_for`)."""
+        payload tensors its predictors name (:func:`fedsim.methods.detection.evaluation.payload_for`)."""
         values = predictor_values(self.families(ctx.round), self.roles)
         client_payload, server_payload = self.evaluation_payloads(ctx, state)
         payloads = payload_for({**client_payload, **server_payload}, values)

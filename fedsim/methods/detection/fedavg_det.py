@@ -1,6 +1,6 @@
 """FedAvg for detection (McMahan et al., AISTATS 2017, Alg. 1), the FedOD paper's first federated baseline.
 
-After the base stage (w_b on the server's data, see :mod:`fedsim.methods.families.detection`),
+After the base stage (w_b on the server's data, see :mod:`fedsim.methods.detection.base`),
 every round the server host and every labeled client load the global detector (with
 their own personal part on top, for FedBN and FedRep), train it for ``client_iters``
 steps on their own data, keep the personal part and send the rest; the server
@@ -22,10 +22,10 @@ from fedsim.data.base import ClientData
 from fedsim.messages import Instruction, LocalSettings, Reply
 from fedsim.methods.base import ServerState, client_operation
 from fedsim.methods.common.aggregation import weighted_average
-from fedsim.methods.common.detection_eval import Family, Weights, with_prefix
-from fedsim.methods.common.detection_training import DetectionSet
 from fedsim.methods.common.training import load_numpy, model_to_numpy
-from fedsim.methods.families.detection import DetectionMethod
+from fedsim.methods.detection.base import DetectionMethod
+from fedsim.methods.detection.evaluation import Family, Weights, with_prefix
+from fedsim.methods.detection.training import DetectionSet
 from fedsim.models.detector import Detector
 from fedsim.registry import METHODS
 

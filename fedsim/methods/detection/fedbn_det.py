@@ -2,14 +2,14 @@
 
 Every participant keeps the weights, biases and running statistics of every
 batch-norm layer of the backbone (the FCOS head uses group norm, which is averaged)
-and averages the rest, as in :mod:`fedsim.methods.fedavg_det`. Client i's model M_i
+and averages the rest, as in :mod:`fedsim.methods.detection.fedavg_det`. Client i's model M_i
 (family ``personal``) is the global model with its own batch norm; ``global`` keeps
 w_b's batch norm (used by the unlabeled target, which has none of its own).
 """
 
 from __future__ import annotations
 
-from fedsim.methods.fedavg_det import FedAvgDetection
+from fedsim.methods.detection.fedavg_det import FedAvgDetection
 from fedsim.models.normalization import bn_keys
 from fedsim.registry import METHODS
 

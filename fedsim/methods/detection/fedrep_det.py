@@ -1,7 +1,7 @@
 """FedRep for detection (Collins et al., ICML 2021, Alg. 1): shared body, personal head.
 
 The body (backbone + feature pyramid) is shared and averaged as in
-:mod:`fedsim.methods.fedavg_det`; the FCOS head (classification, regression and
+:mod:`fedsim.methods.detection.fedavg_det`; the FCOS head (classification, regression and
 centerness towers) is each participant's own. A local update first trains the head
 for ``head_iters`` steps with the body frozen, then the body for ``client_iters`` steps
 with the head frozen (the paper's tau_h head epochs, then one body epoch). Personal
@@ -15,9 +15,9 @@ from dataclasses import dataclass
 
 from fedsim.errors import UserError
 from fedsim.messages import LocalSettings
-from fedsim.methods.common.detection_training import DetectionSet
-from fedsim.methods.families.detection import DetectionParams
-from fedsim.methods.fedavg_det import FedAvgDetection
+from fedsim.methods.detection.base import DetectionParams
+from fedsim.methods.detection.fedavg_det import FedAvgDetection
+from fedsim.methods.detection.training import DetectionSet
 from fedsim.models.detector import Detector, head_keys
 from fedsim.registry import METHODS
 from fedsim.seeding import derive_seed

@@ -33,8 +33,6 @@ from fedsim.messages import Instruction, Reply, Tensors
 from fedsim.methods.base import Method, ServerState, client_operation
 from fedsim.methods.common.aggregation import federated_average
 from fedsim.methods.common.classifier import GlobalClassifier
-from fedsim.methods.common.dictionary import atom_tensors, check_batch_size, num_atoms
-from fedsim.methods.common.dictionary_predictors import evaluate_and_apply
 from fedsim.methods.common.selection_hooks import (
     ClassifierPredictor,
     FixedOutputs,
@@ -44,6 +42,8 @@ from fedsim.methods.common.selection_hooks import (
 )
 from fedsim.methods.common.stage_cache import StageCache, StoredRound
 from fedsim.methods.common.training import encode_in_chunks, load_numpy, model_to_numpy
+from fedsim.methods.dictionary.learning import atom_tensors, check_batch_size, num_atoms
+from fedsim.methods.dictionary.predictors import evaluate_and_apply
 
 logger = logging.getLogger(__name__)
 

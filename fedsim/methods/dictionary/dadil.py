@@ -30,10 +30,10 @@ import torch
 from fedsim.data.base import ClientData
 from fedsim.messages import Instruction, Reply
 from fedsim.methods.base import ServerState, client_operation
-from fedsim.methods.common import dictionary as dil
-from fedsim.methods.common import dictionary_sampling as sampling
-from fedsim.methods.common.dictionary_predictors import EVAL_EVERY, with_client_seconds
-from fedsim.methods.families.dictionary import DictionaryMethod
+from fedsim.methods.dictionary import learning as dil
+from fedsim.methods.dictionary import sampling
+from fedsim.methods.dictionary.base import DictionaryMethod
+from fedsim.methods.dictionary.predictors import EVAL_EVERY, with_client_seconds
 from fedsim.registry import METHODS
 
 

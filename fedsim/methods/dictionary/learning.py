@@ -12,8 +12,8 @@ and the loss of one mini-batch is (DaDiL Eq. 9)
     W_c(Q_l, B(alpha_l; P)),  c((x, y), (x', y')) = ||x - x'||^2 + beta ||y - y'||^2
 
 for a labeled domain, and the feature-only W_2 for the unlabeled target. Mini-batch sampling lives in
-:mod:`~fedsim.methods.common.dictionary_sampling`, the DaDiL-R / DaDiL-E predictors in
-:mod:`~fedsim.methods.common.dictionary_predictors`.
+:mod:`~fedsim.methods.dictionary.sampling`, the DaDiL-R / DaDiL-E predictors in
+:mod:`~fedsim.methods.dictionary.predictors`.
 """
 
 from __future__ import annotations
@@ -70,9 +70,9 @@ class DictionaryParams:
     barycenter_iterations: int = 100  # at most, in training: DaDiLClient's n_iter_max for wasserstein_barycenter
     eval_barycenter_iterations: int = 10  # at most, for DaDiL-R: the Caltech-Office and CWRU scripts' n_iter_max
     barycenter_tol: float = 1e-9  # fixed point: squared move of the support below it (the code's tol, on its loss)
-    encoder_rounds: int = -1  # FedAvg rounds of an encoder first (families/dictionary.py); -1: 0 vectors, 5 images
+    encoder_rounds: int = -1  # FedAvg rounds of an encoder first (dictionary/base.py); -1: 0 vectors, 5 images
     encoder_epochs: int = 0  # local epochs of an encoder round; 0 = method.local_epochs (E: the dictionary's)
-    # the encoded features' standardization (families/dictionary.py): "sources" (one mean and std per feature from the
+    # the encoded features' standardization (dictionary/base.py): "sources" (one mean and std per feature from the
     # source clients' sums, no target statistics), "none" (the authors' CWRU script: its line is commented out),
     # "all" (pooled over every client, the target's included: an adaptation of its own, never a default)
     feature_standardization: str = "sources"

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from fedsim.methods.common.dictionary import DictionaryParams, barycenter
+from fedsim.methods.dictionary.learning import DictionaryParams, barycenter
 
 #: momentum of the predictors' SGD (the authors' scripts)
 CLASSIFIER_MOMENTUM = 0.9

@@ -39,9 +39,9 @@ from fedsim.errors import UserError
 from fedsim.losses import dann_schedule
 from fedsim.messages import Instruction, Reply
 from fedsim.methods.base import Method, Replies, ServerState, client_operation
-from fedsim.methods.common.alignment import TARGET_FEATURES, encode_subset
 from fedsim.methods.common.precision import autocast
 from fedsim.methods.common.selection_hooks import ClassifierPredictor, selection_reply
+from fedsim.methods.common.target_features import TARGET_FEATURES, encode_subset
 from fedsim.methods.common.training import (
     encode_in_chunks,
     evaluate_model,

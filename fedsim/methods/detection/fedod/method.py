@@ -1,7 +1,7 @@
 """FedOD: cross-domain federated object detection (Su et al., "Cross-domain Federated Object Detection", 2022).
 
 The server holds a large labeled set (hosted on the *server host*, see
-:mod:`fedsim.methods.families.detection`); each client holds a small labeled set of a shifted domain.
+:mod:`fedsim.methods.detection.base`); each client holds a small labeled set of a shifted domain.
 
 1. Base stage: w_b is trained on the server's data; w_g = w_b.
 2. Every round: each client fine-tunes the current w_g on its data for ``client_iters``
@@ -36,7 +36,7 @@ The server holds a large labeled set (hosted on the *server host*, see
 ``baseline2`` = the base model ensembled with each client's fine-tune of it (rounds of
 client fine-tuning from w_b, no distillation: w_g stays w_b).
 
-Families reported (see :mod:`fedsim.methods.common.detection_eval` for A_s, A_p, A_u,
+Families reported (see :mod:`fedsim.methods.detection.evaluation` for A_s, A_p, A_u,
 A_com; A_u is the paper's L_U, each client's model on S and on every client's test set, for
 which the clients share their models in evaluated rounds, an evaluation-only exchange):
 ``wb`` (the base model), ``wg`` (fedod), ``wi`` (w_i of the round: w_i^R in the last), and
@@ -47,8 +47,8 @@ whose w_i are always fine-tunes of w_b). Other fusion settings can be scored on 
 evaluation: ``variant_confs`` adds ``ens_wbf_<conf>`` (WBF with that fused score),
 ``variant_weights`` (pairs g, p) adds ``ens_<fusion>_w<g>_<p>`` for every fusion.
 
-Parameters and their defaults' sources: :mod:`fedsim.methods.fedod.params`; the distillation loss:
-:mod:`fedsim.methods.fedod.distillation`; deviations: ``docs/fedod.md``.
+Parameters and their defaults' sources: :mod:`fedsim.methods.detection.fedod.params`; the distillation loss:
+:mod:`fedsim.methods.detection.fedod.distillation`; deviations: ``docs/fedod.md``.
 """
 
 from __future__ import annotations
@@ -60,11 +60,11 @@ from fedsim.detection.fusion import METHODS as FUSIONS
 from fedsim.messages import Instruction, Reply
 from fedsim.methods.base import ServerState, client_operation
 from fedsim.methods.common.aggregation import weighted_average
-from fedsim.methods.common.detection_eval import Family, Weights, prefixed, with_prefix
 from fedsim.methods.common.training import load_numpy, model_to_numpy
-from fedsim.methods.families.detection import DetectionMethod
-from fedsim.methods.fedod.distillation import multi_teacher_loss
-from fedsim.methods.fedod.params import FedODParams
+from fedsim.methods.detection.base import DetectionMethod
+from fedsim.methods.detection.evaluation import Family, Weights, prefixed, with_prefix
+from fedsim.methods.detection.fedod.distillation import multi_teacher_loss
+from fedsim.methods.detection.fedod.params import FedODParams
 from fedsim.registry import METHODS
 
 #: a client's own slot -> the name under which the server host keeps the same model (``<name>@<client>``)

@@ -1,6 +1,6 @@
 """The parameters of FedOD (Su et al., "Cross-domain Federated Object Detection", 2022),
-:class:`fedsim.methods.fedod.FedOD`'s ``Params``: the distillation's and the ensemble's on top of the detection
-family's. Each default names its source; ``docs/fedod.md`` gives the reasons."""
+:class:`fedsim.methods.detection.fedod.FedOD`'s ``Params``: the distillation's and the ensemble's on top of the
+detection family's. Each default names its source; ``docs/fedod.md`` gives the reasons."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from fedsim.detection.fusion import CONF_TYPES
 from fedsim.errors import UserError
-from fedsim.methods.families.detection import DetectionParams
+from fedsim.methods.detection.base import DetectionParams
 
 MODES = ("fedod", "baseline1", "baseline2")
 

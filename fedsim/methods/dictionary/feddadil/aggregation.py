@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from fedsim.methods.common.dictionary import DictionaryParams, label_weight, random_support
+from fedsim.methods.dictionary.learning import DictionaryParams, label_weight, random_support
 from fedsim.ot.barycenter import labeled_barycenter
 
 #: fixed-point iterations of the ``wbary`` aggregation at most (DaDiLServer.barycentric_aggregation)

@@ -22,7 +22,7 @@ the round's starting rows) and ``atom_dispersion`` (mean pairwise distance betwe
 
 On raw-input benchmarks (images), and on vectors when ``encoder_rounds`` is positive, the first ``encoder_rounds``
 rounds train an encoder with FedAvg on the sources, frozen afterwards
-(:class:`~fedsim.methods.families.dictionary.EncoderStage`). Evaluation: DaDiL-R (a net trained on the
+(:class:`~fedsim.methods.dictionary.base.EncoderStage`). Evaluation: DaDiL-R (a net trained on the
 reconstruction B(alpha; atoms)) is ``target_accuracy``; DaDiL-E (per-atom nets weighted by alpha) is
 ``target_accuracy_E``. Each client evaluates with its own alpha; the selection scores of the two predictors are
 ``score_<name>`` and ``score_<name>_E`` (their features, for iwv/dev: their logits).
@@ -39,11 +39,11 @@ import torch
 from fedsim.data.base import ClientData
 from fedsim.messages import Instruction, Reply
 from fedsim.methods.base import ServerState, client_operation
-from fedsim.methods.common import dictionary as dil
-from fedsim.methods.common import dictionary_sampling as sampling
-from fedsim.methods.common.dictionary_predictors import EVAL_EVERY, with_client_seconds
-from fedsim.methods.families.dictionary import DictionaryMethod
-from fedsim.methods.feddadil.aggregation import aggregate_versions
+from fedsim.methods.dictionary import learning as dil
+from fedsim.methods.dictionary import sampling
+from fedsim.methods.dictionary.base import DictionaryMethod
+from fedsim.methods.dictionary.feddadil.aggregation import aggregate_versions
+from fedsim.methods.dictionary.predictors import EVAL_EVERY, with_client_seconds
 from fedsim.registry import METHODS
 from fedsim.seeding import derive_seed
 
