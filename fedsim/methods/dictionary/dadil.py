@@ -17,12 +17,13 @@ the wire is the point of this baseline (and is counted in ``bytes_received``);
 the target's labels are never uploaded. The barycentric coordinates of every
 domain live in the server state and travel to each client with the evaluation.
 Everything else (atom initialization, encoder stage, DaDiL-R / DaDiL-E evaluation and their selection scores) is
-FedDaDiL's, through the same common pieces.
+FedDaDiL's, through the same family pieces.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Mapping, Optional
 
 import numpy as np
 import torch
@@ -35,6 +36,26 @@ from fedsim.methods.dictionary import sampling
 from fedsim.methods.dictionary.base import DictionaryMethod
 from fedsim.methods.dictionary.predictors import EVAL_EVERY, with_client_seconds
 from fedsim.registry import METHODS
+
+
+@dataclass(frozen=True)
+class EvaluationValues:
+    """The values of a dictionary round's ``evaluate``: the barycentric coordinates alpha_l the server learned for
+    the client's domain (Eq. 9), K floats. The encoder stage's evaluation (FedAvg's) sends none."""
+
+    alpha: Optional[tuple[float, ...]] = None
+
+    @classmethod
+    def read(cls, values: Mapping[str, Any]) -> "EvaluationValues":
+        alpha = values.get("alpha")
+        return cls(None if alpha is None else tuple(float(a) for a in alpha))
+
+    def sent(self) -> dict[str, list[float]]:
+        """As ``ctx.call`` sends them."""
+        return {} if self.alpha is None else {"alpha": list(self.alpha)}
+
+    def alpha_tensor(self) -> Optional[torch.Tensor]:
+        return None if self.alpha is None else torch.tensor(self.alpha, dtype=torch.float32)
 
 
 @METHODS.register("dadil")
@@ -121,7 +142,7 @@ class DaDiL(DictionaryMethod):
         alphas = state["alphas"]
 
         def values(cid: int) -> dict:
-            return {"alpha": [float(a) for a in alphas[cid]]}
+            return EvaluationValues(tuple(float(a) for a in alphas[cid])).sent()
 
         tensors = self.selection_payload(ctx, dil.atom_tensors(state), values)
         replies = ctx.call("evaluate", tensors, self.federation.client_ids, values)
@@ -145,7 +166,5 @@ class DaDiL(DictionaryMethod):
     def evaluate(self, instruction: Instruction, state: Any, data: ClientData) -> tuple[Reply, Any]:
         """DaDiL-R and DaDiL-E with the alpha the server learned for this client's domain
         (:meth:`DictionaryMethod.evaluate_dictionary`)."""
-        alpha = instruction.values.get("alpha")
-        return self.evaluate_dictionary(
-            instruction, state, data, None if alpha is None else torch.tensor(alpha, dtype=torch.float32)
-        )
+        alpha = EvaluationValues.read(instruction.values).alpha_tensor()
+        return self.evaluate_dictionary(instruction, state, data, alpha)
