@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import argparse
 import logging
-import re
 import sys
 import time
 from pathlib import Path
 from typing import Optional, Sequence
 
 from fedsim.errors import UserError, unwrapped
-from fedsim.experiments.flags import check_numeric_flags
+from fedsim.experiments.flags import check_numeric_flags, safe_name
 
 log = logging.getLogger("fedsim")
 #: loggers whose INFO lines say nothing a user can act on (the embedded digits domains build in seconds)
@@ -89,11 +88,6 @@ def config_from_args(args: argparse.Namespace):
     if getattr(args, "quiet", False):
         values["run.progress"] = False
     return load_config(args.config, args.set, values=values)
-
-
-def safe_name(name: str) -> str:
-    """A name as part of a folder name: a plugin's dotted path with its ':' and other odd characters as '_'."""
-    return re.sub(r"[^A-Za-z0-9_.-]+", "_", str(name))
 
 
 def resolve_out_dir(config, out: Optional[str]) -> Path:
@@ -206,9 +200,9 @@ def cmd_list() -> int:
     reason."""
     from fedsim.config import DataConfig
     from fedsim.data.scenario import get_benchmark
-    from fedsim.registry import BENCHMARKS, METHODS, MODELS
+    from fedsim.registry import BENCHMARKS, MECHANISMS, METHODS, MODELS, SCORES
 
-    registries = (METHODS, BENCHMARKS, MODELS)
+    registries = (METHODS, BENCHMARKS, MODELS, SCORES, MECHANISMS)
     names = {registry.kind: registry.names() for registry in registries}
     width = max(len(n) for registry in registries for n in names[registry.kind] + list(registry.unavailable))
 
@@ -244,6 +238,15 @@ def cmd_list() -> int:
         print(f"  {name:{width}s} {_first_doc_line(MODELS.get(name))}")
         footer(MODELS, name)
     unavailable(MODELS)
+    for registry, title in (
+        (SCORES, "selection scores (--set run.scores=...)"),
+        (MECHANISMS, "privacy mechanisms (--set privacy.mode=...)"),
+    ):
+        print(f"{title}:")
+        for name in registry.names():
+            print(f"  {name:{width}s} {registry.get(name).description}")
+            footer(registry, name)
+        unavailable(registry)
     print_recipes()
     return 0
 

@@ -1,4 +1,5 @@
-"""Range checks of the numeric command-line flags, one rule per flag for every command.
+"""What every command shares about its flags: range checks of the numeric ones, one rule per flag, and the
+names a default ``--out`` folder is made of.
 
 ``fedsim run --rounds 0``, ``fedsim sweep --local-epochs 1,-1`` and ``fedsim reproduce --seeds -1``
 all end the same way: one line naming the flag, the allowed range and the value, exit code 2,
@@ -8,6 +9,7 @@ before anything is written or started.
 from __future__ import annotations
 
 import argparse
+import re
 from typing import Any
 
 from fedsim.errors import UserError
@@ -63,3 +65,30 @@ def check_numeric_flags(args: argparse.Namespace, lists: tuple[str, ...] = ()) -
         for item in str(text).split(",") if flag in lists else [str(text)]:
             if item.strip():
                 check_number(flag, item.strip())
+
+
+def safe_name(name: str) -> str:
+    """A name as part of a folder name: a plugin's dotted path with its ':' and other odd characters as '_'."""
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", str(name))
+
+
+def parse_list(flag: str, text: str, kind: type, example: str) -> list:
+    """'1,5' -> [1, 5]; empty items, wrong types and repeats are one-line errors."""
+    items = [item.strip() for item in str(text).split(",")]
+    if any(not item for item in items):
+        raise UserError(
+            f"bad list for --{flag} {text!r}: give comma-separated values without blanks, e.g. --{flag} {example}"
+        )
+    values = []
+    for item in items:
+        try:
+            value = kind(item) if kind is not int else int(item, 10)
+        except ValueError:
+            raise UserError(
+                f"bad value {item!r} in --{flag} {text!r}: "
+                f"give comma-separated {kind.__name__}s, e.g. --{flag} {example}"
+            ) from None
+        if value in values:
+            raise UserError(f"--{flag} {text!r} lists {item!r} twice: give each value once")
+        values.append(value)
+    return values

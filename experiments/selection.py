@@ -18,18 +18,17 @@ import logging
 import math
 import re
 from collections import Counter
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Optional, Sequence, Union
 
 from fedsim.errors import UserError
 from fedsim.experiments.grouping import format_mean_std, mean_std
+from fedsim.experiments.selection_rows import DEFAULT, ORACLE, Candidate, Choice, SelectionRow, setting_label
 
 log = logging.getLogger(__name__)
 
 SCORE_PREFIX = "score_"
 SEED_KEY = "seed"
-DEFAULT, ORACLE = "default", "oracle"
 NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 FILES = ("selection.md", "selection.csv", "selection.png")
 Default = Union[Mapping[str, Any], Callable[[dict], Optional[Mapping[str, Any]]], None]
@@ -48,73 +47,6 @@ def plain_config(method: str, data: Mapping[str, Any]):
 def flat_config(config) -> dict[str, Any]:
     """An ExperimentConfig as ``{"section.key": value}`` (a method's and a benchmark's own keys in their section)."""
     return {f"{section}.{key}": value for section, keys in config.to_dict().items() for key, value in keys.items()}
-
-
-@dataclass
-class Candidate:
-    """One setting of a group: its means over the seeds of its finished trials."""
-
-    params: tuple[tuple[str, Any], ...]  # candidate key -> value, in candidate_keys order
-    seeds: tuple  # the seeds of its finished trials, sorted
-    missing_seeds: tuple  # seeds at which another candidate of the group finished and this one did not
-    accuracy: Optional[float]  # mean target accuracy over its seeds (None: missing at one of them)
-    accuracy_std: Optional[float]  # sample std over its seeds (None below two)
-    source_accuracy: Optional[float]  # mean over its seeds of the sources' mean accuracy
-    scores: dict[str, Optional[float]]  # score -> mean over its seeds (None: missing at one of them)
-
-    @property
-    def label(self) -> str:
-        return setting_label(self.params)
-
-    @property
-    def complete(self) -> bool:
-        """Finished at every seed of its group: only such candidates are compared."""
-        return bool(self.seeds) and not self.missing_seeds
-
-
-@dataclass
-class Choice:
-    """What one rule (the default, a score, the oracle) chose in a group, and how it did on the target."""
-
-    rule: str  # "default", a score's name, or "oracle"
-    label: str  # the chosen setting; for a mean over targets, the settings chosen and on how many targets
-    params: Optional[dict]  # the chosen setting's values (None for a mean over targets)
-    accuracy: Optional[float]  # target accuracy: the mean over seeds (over targets for a mean row)
-    accuracy_std: Optional[float]  # sample std over seeds (None below two seeds and for a mean row)
-    source_accuracy: Optional[float]
-    score: Optional[float] = None  # the mean score that picked it (score rules only)
-    gap: Optional[float] = None  # oracle's target accuracy minus this choice's
-    seeds: int = 0
-    note: str = ""
-
-
-@dataclass
-class SelectionRow:
-    """One group: its candidates in grid order, the default, each score's pick and the oracle."""
-
-    group: tuple[tuple[str, Any], ...]  # group key -> value
-    scores: list[str]
-    default: Optional[Choice]  # None: the grid has no default candidate
-    picks: dict[str, Optional[Choice]]  # score -> its pick (None: no comparable candidate reports the score)
-    oracle: Optional[Choice]  # None: no comparable candidate has a target accuracy
-    candidates: list[Candidate] = field(default_factory=list)
-    seeds: tuple = ()  # the seeds at which some candidate of the group finished
-    notes: list[str] = field(default_factory=list)
-
-    @property
-    def gaps(self) -> dict[str, Optional[float]]:
-        """Score -> the oracle's target accuracy minus its pick's."""
-        return {score: pick.gap if pick else None for score, pick in self.picks.items()}
-
-    def choices(self) -> list[tuple[str, Optional[Choice]]]:
-        """(rule, choice) in report order: the default, each score, the oracle."""
-        return [(DEFAULT, self.default), *self.picks.items(), (ORACLE, self.oracle)]
-
-
-def setting_label(params: Sequence[tuple[str, Any]]) -> str:
-    """(('method.lr', 0.1), ('local_epochs', 5)) -> 'method.lr=0.1, local_epochs=5'; a run of a reproduce spec
-    by its name alone: (('run', 'fedavg'),) -> 'fedavg'."""
-    return ", ".join(str(v) if k == "run" else f"{k}={v}" for k, v in params)
 
 
 def group_text(group: Sequence[tuple[str, Any]]) -> str:

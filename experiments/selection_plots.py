@@ -9,7 +9,7 @@ from typing import Sequence
 import numpy as np
 
 from fedsim.experiments.report_plots import figure, finish
-from fedsim.experiments.selection import DEFAULT, ORACLE, SelectionRow
+from fedsim.experiments.selection_rows import DEFAULT, ORACLE, SelectionRow
 
 
 def _short(group: tuple) -> str:

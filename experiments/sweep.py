@@ -19,7 +19,7 @@ Beyond grids: a ``--set`` range (``method.lr=loguniform(1e-4,1e-1)``, ``uniform`
 sampled by ``--search random|optuna`` (``--num-samples`` configurations, each run at every grid point, seeds
 included), and ``--scheduler asha`` stops trials early; both rank trials by a score computed without target labels
 (the first ``--select`` score, else ``source_accuracy`` or, without a validation part, ``entropy``):
-:mod:`fedsim.experiments.sweep_search`.
+:mod:`fedsim.experiments.sweep_space` (the settings), :mod:`fedsim.experiments.sweep_search` (Ray Tune's side).
 ``--select SCORE[,SCORE...]`` has every trial compute those scores (``run.scores``) and writes, after the sweep,
 which setting each score picks per method (``selection.md``, ``selection.csv``, ``selection.png``:
 :mod:`fedsim.experiments.selection`).
@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import Optional
 
 from fedsim.errors import UserError
+from fedsim.experiments.flags import safe_name
 from fedsim.experiments.sweep_grid import COLUMNS, SEARCH_FLAGS, SweepSpec, point_key, prepare, spec_from_args
 from fedsim.experiments.sweep_results import collect_records, write_results
 from fedsim.experiments.sweep_trial import TrialResources, plan_trial, run_trial
@@ -131,8 +132,6 @@ def _resolve_out(args, spec: Optional[SweepSpec], base) -> Path:
                 "give the directory of an earlier 'fedsim sweep'"
             )
         return path
-    from fedsim.experiments.cli import safe_name
-
     names = "-".join(safe_name(name) for name in (base.data.benchmark, base.data.target))
     out = args.out or f"runs/sweep-{time.strftime('%Y%m%d-%H%M%S')}-{names}"
     path = Path(out)
@@ -194,7 +193,7 @@ def _tuner(
     if resume:
         tune_dir = str(out.resolve() / TUNE_NAME)
         return tune.Tuner.restore(tune_dir, trainable=trainable, resume_unfinished=True, restart_errored=True)
-    if spec.search:
+    if not spec.search.empty:
         from fedsim.experiments import sweep_search
 
         points = spec.points()
@@ -271,7 +270,7 @@ def run_grid(
             max_rounds=max(c.run.rounds for c in configs.values()),
         )
         log.info("%d grid points in %s", len(configs), out)
-        ranked = bool(spec.search.get("search") or spec.search.get("scheduler"))
+        ranked = spec.search.ranked
         grid = _fit(tuner, ranked=ranked)
         return _records(grid, spec, configs)
     finally:
@@ -290,7 +289,7 @@ def _records(grid, spec: SweepSpec, configs: dict) -> list[dict]:
         if spec.ranges and point_key(point) not in configs:
             configs[point_key(point)] = spec.config_for(point)
         metrics = result.metrics or {}
-        if spec.search.get("scheduler") and metrics.get("done") and not result.error:
+        if spec.search.scheduler and metrics.get("done") and not result.error:
             stopped.add(metrics.get("trial_id"))
     records = collect_records(grid, spec, configs)
     for record in records:
@@ -358,7 +357,7 @@ def write_selection_report(spec: SweepSpec, records: list[dict], out: Path) -> l
     the trials Tune has a config of (an interrupted sweep's trials that never started have none)."""
     from fedsim.experiments.selection import select, write_selection
 
-    scores = list(spec.search["select"])
+    scores = list(spec.search.select)
     group_by, candidate_keys = selection_keys(spec)
     keys = [*group_by, *candidate_keys]
     started = [r for r in records if all(k in r["params"] for k in keys)]  # Tune has no config of a trial never run
@@ -380,16 +379,16 @@ def run(args: argparse.Namespace) -> int:
             raise UserError(f"--resume takes the grid from the sweep's {SPEC_FILE}: drop {', '.join(given)}")
         out = _resolve_out(args, None, None)
         spec = SweepSpec.from_json((out / SPEC_FILE).read_text())
-        if spec.search.get("search") == "optuna":  # its saved searcher is an OptunaSearch
-            from fedsim.experiments.sweep_search import require_optuna
+        if spec.search.search == "optuna":  # its saved searcher is an OptunaSearch
+            from fedsim.experiments.sweep_space import require_optuna
 
             require_optuna()
     else:
         spec = spec_from_args(args)
         out = None
     configs, clients = prepare(spec)
-    if spec.search.get("scheduler"):
-        from fedsim.experiments.sweep_search import check_schedule
+    if spec.search.scheduler:
+        from fedsim.experiments.sweep_space import check_schedule
 
         check_schedule(spec.search, max(c.run.rounds for c in configs.values()))
     if out is None:
@@ -406,7 +405,7 @@ def run(args: argparse.Namespace) -> int:
     )
     write_results(out, records)
     written = report_module.write_report(out, records)
-    if spec.search.get("select"):
+    if spec.search.select:
         written += write_selection_report(spec, records, out)
     if not args.quiet:
         print(report_module.markdown_table(records))

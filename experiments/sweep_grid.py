@@ -7,7 +7,6 @@ import argparse
 import dataclasses
 import itertools
 import json
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
@@ -15,6 +14,8 @@ from typing import Any, Optional
 import yaml
 
 from fedsim.errors import UserError
+from fedsim.experiments.flags import parse_list
+from fedsim.experiments.sweep_space import RANGE_CALL, Range, SearchSettings, check_sampled_key, parse_range
 
 # Grid flags: flag -> (config key, column in results.csv, item type, example)
 GRID_FLAGS = {
@@ -24,14 +25,12 @@ GRID_FLAGS = {
     "cpus_per_client": ("resources.cpus_per_client", "cpus_per_client", float, "0.5"),
     "gpus_per_client": ("resources.gpus_per_client", "gpus_per_client", float, "0,0.25"),
 }
-#: the flags of a search (:mod:`fedsim.experiments.sweep_search`), kept in ``SweepSpec.search``
+#: the flags of a search (:mod:`fedsim.experiments.sweep_space`), kept in ``SweepSpec.search``
 SEARCH_FLAGS = ("search", "num_samples", "scheduler", "grace_period", "select")
 ALWAYS_AXES = ("method.name", "method.local_epochs", "run.seed")  # columns every results.csv has
 #: axis whose values name one of ``SweepSpec.variants`` (a whole config of its own: `fedsim reproduce`'s runs)
 VARIANT_KEY = "spec.variant"
 COLUMNS = {**{key: column for key, column, _, _ in GRID_FLAGS.values()}, VARIANT_KEY: "variant"}
-#: a ``--set`` value written as a call, ``kind(arguments)``: a sampled range
-RANGE_CALL = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)\s*\((.*)\)$", re.S)
 #: keys whose one value is itself a comma list: never a grid axis
 LIST_VALUED = {"run.scores"}
 FORBIDDEN_SET = {
@@ -58,11 +57,10 @@ class SweepSpec:
     #: backend of the simulation inside each trial: "ray" (client actors in the trial's placement group) or
     #: "local" (the clients one after the other in the trial's process: no actor start-up, same numbers)
     backend: str = "ray"
-    #: config key -> a sampled range as ``[kind, *args]`` (:class:`fedsim.experiments.sweep_search.Range`)
+    #: config key -> a sampled range as ``[kind, *args]`` (:class:`fedsim.experiments.sweep_space.Range`)
     ranges: dict[str, list] = field(default_factory=dict)
-    #: search settings (:func:`fedsim.experiments.sweep_search.settings_from_args`): search, num_samples, scheduler,
-    #: grace_period, select; empty for a plain grid
-    search: dict = field(default_factory=dict)
+    #: the search settings (:func:`fedsim.experiments.sweep_space.settings_from_args`); all unset for a plain grid
+    search: SearchSettings = field(default_factory=SearchSettings)
 
     def points(self) -> list[dict[str, Any]]:
         keys = list(self.axes)
@@ -121,9 +119,9 @@ class SweepSpec:
                 f"{exc} (in the trials of {method}): set a method's own parameter for its trials only "
                 "with --set <method>.<key>=VALUE"
             ) from None
-        if not self.search:
+        if self.search.empty:
             return config
-        from fedsim.experiments.sweep_search import with_scores
+        from fedsim.experiments.sweep_space import with_scores
 
         return with_scores(config, self.search)
 
@@ -138,7 +136,7 @@ class SweepSpec:
                     "variants": self.variants,
                     "backend": self.backend,
                     "ranges": self.ranges,
-                    "search": self.search,
+                    "search": self.search.to_dict(),
                 },
                 indent=2,
                 default=str,
@@ -157,7 +155,7 @@ class SweepSpec:
             dict(raw.get("variants", {})),
             raw.get("backend", "ray"),
             dict(raw.get("ranges", {})),
-            dict(raw.get("search", {})),
+            SearchSettings.from_dict(raw.get("search", {})),
         )
 
 
@@ -174,32 +172,10 @@ def point_key(point: dict[str, Any]) -> str:
     return json.dumps({k: point[k] for k in sorted(point)}, sort_keys=True, default=str)
 
 
-def parse_list(flag: str, text: str, kind: type, example: str) -> list:
-    """'1,5' -> [1, 5]; empty items, wrong types and repeats are one-line errors."""
-    items = [item.strip() for item in str(text).split(",")]
-    if any(not item for item in items):
-        raise UserError(
-            f"bad list for --{flag} {text!r}: give comma-separated values without blanks, e.g. --{flag} {example}"
-        )
-    values = []
-    for item in items:
-        try:
-            value = kind(item) if kind is not int else int(item, 10)
-        except ValueError:
-            raise UserError(
-                f"bad value {item!r} in --{flag} {text!r}: "
-                f"give comma-separated {kind.__name__}s, e.g. --{flag} {example}"
-            ) from None
-        if value in values:
-            raise UserError(f"--{flag} {text!r} lists {item!r} twice: give each value once")
-        values.append(value)
-    return values
-
-
 def parse_set(items: list[str]) -> tuple[list[str], dict[str, list], dict[str, list]]:
     """--set items -> (constant overrides, grid axes, sampled ranges). A comma list outside [..] / {..} is an axis
     (except for a key whose value is itself a comma list, :data:`LIST_VALUED`); ``kind(...)`` is a range
-    (:func:`fedsim.experiments.sweep_search.parse_range`), kept as ``[kind, *args]``."""
+    (:func:`fedsim.experiments.sweep_space.parse_range`), kept as ``[kind, *args]``."""
     from fedsim.config import SECTIONS, parse_override
     from fedsim.registry import METHODS
 
@@ -228,8 +204,6 @@ def parse_set(items: list[str]) -> tuple[list[str], dict[str, list], dict[str, l
             raise UserError(f"--set {name} given twice: give it once (a comma list makes it a grid axis)")
         seen.add(name)
         if _is_range(raw):
-            from fedsim.experiments.sweep_search import check_sampled_key, parse_range
-
             check_sampled_key(name, text, METHODS)
             ranges[name] = parse_range(name, raw).to_list()
         elif "," in raw and not raw.startswith(("[", "{")) and name not in LIST_VALUED:
@@ -241,7 +215,7 @@ def parse_set(items: list[str]) -> tuple[list[str], dict[str, list], dict[str, l
 
 
 def _is_range(raw: str) -> bool:
-    """``kind(...)``: a sampled range, checked by :func:`fedsim.experiments.sweep_search.parse_range`."""
+    """``kind(...)``: a sampled range, checked by :func:`fedsim.experiments.sweep_space.parse_range`."""
     return bool(RANGE_CALL.match(raw.strip()))
 
 
@@ -296,13 +270,13 @@ def spec_from_args(args: argparse.Namespace) -> SweepSpec:
     constants = [c for c in constants if c.split("=", 1)[0] not in axes]
     ordered = {key: axes[key] for key in ALWAYS_AXES if key in axes}
     ordered.update({key: values for key, values in axes.items() if key not in ordered})
-    search: dict = {}
+    search = SearchSettings()
     if ranges or any(getattr(args, f, None) is not None for f in SEARCH_FLAGS):
-        from fedsim.experiments.sweep_search import settings_from_args
+        from fedsim.experiments.sweep_space import settings_from_args
 
         search = settings_from_args(args, ranges)
-        if (search.get("search") or search.get("scheduler")) and not search.get("select"):
-            search["metric"] = _default_metric(base, constants, ordered)
+        if search.ranked and not search.select:
+            search = dataclasses.replace(search, metric=_default_metric(base, constants, ordered))
     return SweepSpec(config_file, raw, constants, ordered, ranges=ranges, search=search)
 
 
@@ -362,8 +336,6 @@ def range_checks(ranges: dict[str, list]) -> list[dict[str, Any]]:
     other ranges at their first edge."""
     if not ranges:
         return []
-    from fedsim.experiments.sweep_search import Range
-
     edges = {key: Range.from_list(value).edges() for key, value in ranges.items()}
     first = {key: values[0] for key, values in edges.items()}
     checks = [dict(first)]

@@ -17,7 +17,8 @@ from fedsim.experiments import sweep_search
 from fedsim.experiments.cli import build_parser, main
 from fedsim.experiments.sweep import default_setting, selection_keys
 from fedsim.experiments.sweep_grid import point_key, range_checks, spec_from_args
-from fedsim.experiments.sweep_search import GridPoints, Range, metric_name, parse_range
+from fedsim.experiments.sweep_search import GridPoints
+from fedsim.experiments.sweep_space import Range, SearchSettings, parse_range, with_scores
 from fedsim.experiments.sweep_trial import TrialPlan, TrialResources, summary_row
 from fedsim.selection import resolve_scores
 
@@ -86,13 +87,15 @@ def test_a_range_becomes_a_sampled_key_and_a_comma_list_stays_an_axis(toy_overri
     )
     assert spec.ranges == {"method.lr": ["loguniform", 0.001, 0.1]}
     assert spec.axes == {"method.name": ["fedavg"], "method.local_epochs": [1, 2], "run.seed": [0, 1]}
-    assert spec.search == {
+    # no --select and no validation part: the target's prediction entropy ranks
+    assert spec.search == SearchSettings(search="random", num_samples=3, metric="entropy")
+    assert json.loads(spec.to_json())["search"] == {
         "search": "random",
         "num_samples": 3,
         "scheduler": None,
         "grace_period": None,
         "select": [],
-        "metric": "entropy",  # no --select and no validation part: the target's prediction entropy ranks
+        "metric": "entropy",
     }
     again = type(spec).from_json(spec.to_json())  # sweep.json keeps the ranges and the search for --resume
     assert (again.ranges, again.search, again.axes) == (spec.ranges, spec.search, spec.axes)
@@ -208,7 +211,7 @@ def test_asha_stops_by_the_score_per_round_and_skips_rounds_without_it(toy_overr
     from ray.tune.schedulers import ASHAScheduler, TrialScheduler
 
     spec = _spec(["--scheduler", "asha", "--grace-period", "2", "--select", "snd"] + _flags(toy_overrides))
-    assert spec.search["scheduler"] == "asha" and spec.search["search"] is None  # ASHA also prunes a plain grid
+    assert spec.search.scheduler == "asha" and spec.search.search is None  # ASHA also prunes a plain grid
     scheduler = sweep_search.scheduler(spec.search, max_rounds=8)
     assert isinstance(scheduler, ASHAScheduler)
     assert (scheduler._time_attr, scheduler._metric, scheduler._mode) == ("round", "score_snd", "max")
@@ -225,21 +228,21 @@ def test_asha_stops_by_the_score_per_round_and_skips_rounds_without_it(toy_overr
 
 
 def test_the_metric_is_a_label_free_score_and_every_trial_computes_it(toy_overrides):
-    assert sweep_search.metric_name({"search": "optuna", "select": ["snd", "entropy"]}) == "score_snd"
-    assert sweep_search.metric_name({"scheduler": "asha", "select": []}) == "score_source_accuracy"
-    assert sweep_search.metric_name({"select": ["snd"]}) is None  # a grid that only selects afterwards
+    assert SearchSettings(search="optuna", num_samples=2, select=("snd", "entropy")).metric_name == "score_snd"
+    assert SearchSettings(scheduler="asha", grace_period=1).metric_name == "score_source_accuracy"
+    assert SearchSettings(select=("snd",)).metric_name is None  # a grid that only selects afterwards
     config = load_config(None, toy_overrides + ["run.scores=snd"])
-    with_select = sweep_search.with_scores(config, {"select": ["entropy", "snd"]})
+    with_select = with_scores(config, SearchSettings(select=("entropy", "snd")))
     assert with_select.run.scores == "entropy,snd"  # the user's and --select's, in the registry's order
     held_out = load_config(None, toy_overrides + ["data.validation_fraction=0.2", "run.scores=snd,entropy"])
-    ranked = sweep_search.with_scores(held_out, {"search": "random", "select": ["dev"]})
+    ranked = with_scores(held_out, SearchSettings(search="random", num_samples=2, select=("dev",)))
     assert ranked.run.scores == "entropy,snd,dev"  # the user's and --select's (dev, also the metric)
-    default_metric = sweep_search.with_scores(held_out, {"scheduler": "asha", "select": []})
+    default_metric = with_scores(held_out, SearchSettings(scheduler="asha", grace_period=1))
     assert default_metric.run.scores == "source_accuracy,entropy,snd"  # + source_accuracy, ASHA's metric
-    auto = sweep_search.with_scores(load_config(None, toy_overrides), {"select": ["snd"]})
+    auto = with_scores(load_config(None, toy_overrides), SearchSettings(select=("snd",)))
     assert set(auto.run.scores.split(",")) == {*resolve_scores("auto", has_validation=False), "snd"}
     with pytest.raises(UserError, match="needs the sources' held-out validation part"):
-        sweep_search.with_scores(config, {"select": ["iwv"]})
+        with_scores(config, SearchSettings(select=("iwv",)))
 
 
 def test_trial_resources_and_overrides_ignore_sampled_values(toy_overrides):
@@ -416,11 +419,30 @@ def test_without_select_a_search_ranks_by_source_accuracy_with_a_validation_part
     plain = _spec(flags + lr)
     held_out = _spec(flags + ["--set", "data.validation_fraction=0.2"] + lr)
     axis = _spec(flags + ["--set", "data.validation_fraction=0,0.2", "--scheduler", "asha"])
-    assert (plain.search["metric"], held_out.search["metric"], axis.search["metric"]) == (
+    assert (plain.search.metric, held_out.search.metric, axis.search.metric) == (
         "entropy",
         "source_accuracy",
         "entropy",  # a grid point without a validation part could not report source_accuracy
     )
     chosen = _spec(flags + lr + ["--select", "mano"])
-    assert "metric" not in chosen.search and metric_name(chosen.search) == "score_mano"
-    assert metric_name(plain.search) == "score_entropy"
+    assert chosen.search.metric is None and chosen.search.metric_name == "score_mano"
+    assert plain.search.metric_name == "score_entropy"
+
+
+def test_the_search_section_is_parsed_and_checked_once_with_one_line_errors():
+    assert SearchSettings.from_dict({}) == SearchSettings() and SearchSettings().to_dict() == {}  # a plain grid
+    stored = SearchSettings(search="optuna", num_samples=4, select=["snd", "entropy"])
+    assert stored.select == ("snd", "entropy") and stored.ranked and not stored.empty
+    assert SearchSettings.from_dict(json.loads(json.dumps(stored.to_dict()))) == stored
+    bad = [
+        ({"num_sample": 3}, "unknown search setting 'num_sample' in the sweep's search settings: did you mean "),
+        ({"num_samples": "many"}, "search setting num_samples must be an integer, got 'many'"),
+        ({"num_samples": 0}, "search setting num_samples=0 must be an integer of 1 or more"),
+        ({"search": "grid"}, "search setting search='grid' is not one of random, optuna"),
+        ({"scheduler": "hyperband"}, "search setting scheduler='hyperband' is not one of asha"),
+        ({"select": ["snd2"]}, "--select: unknown score 'snd2'"),
+    ]
+    for raw, message in bad:
+        with pytest.raises(UserError) as caught:
+            SearchSettings.from_dict(raw)
+        assert str(caught.value).startswith(message) and "\n" not in str(caught.value)
