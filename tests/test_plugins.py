@@ -21,13 +21,20 @@ from conftest import assert_same_results
 import fedsim
 from fedsim.config import load_config
 from fedsim.experiments.cli import main
-from fedsim.registry import BENCHMARKS, METHODS, MODELS
+from fedsim.privacy.accountant import spent_epsilon
+from fedsim.registry import BENCHMARKS, MECHANISMS, METHODS, MODELS, SCORES
+
+REGISTRIES = (METHODS, BENCHMARKS, MODELS, SCORES, MECHANISMS)
 
 METHOD = "plugpkg.methods:ServerMomentum"
 BENCHMARK = "plugpkg.data:Clusters"
 MODEL = "plugpkg.nets:tiny_net"
 ENTRY_POINTS = {"fedsim.methods": {"momentum": METHOD}, "fedsim.benchmarks": {"clusters": BENCHMARK}}
 ENTRY_POINTS["fedsim.models"] = {"tinynet": MODEL}
+SCORE = "plugpkg.scores:TopProbability"
+MECHANISM = "plugpkg.privacy:EvenSplit"
+ENTRY_POINTS["fedsim.scores"] = {"topprob": SCORE}
+ENTRY_POINTS["fedsim.privacy"] = {"evensplit": MECHANISM}
 
 SOURCES = {
     "__init__.py": '"""A package of fedsim plugins."""\n',
@@ -126,11 +133,60 @@ SOURCES = {
         NOT_A_MODEL = 3
 
 
+        def bare_net(input_shape, num_classes, hidden=128):
+            """A model that is not a Classifier."""
+            return nn.Linear(input_shape[0], num_classes)
+
+
+        def failing_net(input_shape, num_classes, hidden=128):
+            """A model whose own code raises."""
+            raise ZeroDivisionError("the plugin's own bug")
+
+
         def tiny_net(input_shape, num_classes, hidden=128):
             """One hidden layer of model.hidden / 4 units."""
             (dim,) = input_shape
             width = max(4, hidden // 4)
             return Classifier(nn.Sequential(nn.Linear(dim, width), nn.Tanh()), nn.Linear(width, num_classes))
+    ''',
+    "scores.py": '''
+        """A selection score: the target's mean top-class probability."""
+
+        import math
+
+        import numpy as np
+
+        from fedsim.selection import Score
+
+
+        class TopProbability(Score):
+            description = "the target's mean largest softmax probability"
+
+            def target_statistics(self, logits, log_probabilities):
+                return {"top_probability_sum": math.fsum(np.exp(log_probabilities).max(axis=1))}
+
+            def combine(self, sources, targets):
+                rows = math.fsum(t["n_target"] for t in targets)
+                return math.fsum(t["top_probability_sum"] for t in targets) / rows
+    ''',
+    "privacy.py": '''
+        """A privacy mechanism: the Gaussian noise split evenly over the replies, accounted without sampling."""
+
+        import math
+
+        from fedsim.errors import UserError
+        from fedsim.privacy.mechanism import Mechanism
+
+
+        class EvenSplit(Mechanism):
+            description = "Gaussian noise of std z C / sqrt(m) on each of the m replies, no amplification by sampling"
+
+            def check(self, settings):
+                if settings.stage_clip:
+                    raise UserError("privacy.mode=EvenSplit takes one clip: leave privacy.stage_clip out")
+
+            def noise_stds(self, combined, noise_multiplier, clip, weights):
+                return {cid: noise_multiplier * clip / math.sqrt(len(weights)) for cid in weights}
     ''',
     "broken.py": 'raise RuntimeError("this module does not import")\n',
 }
@@ -173,10 +229,10 @@ def plugins(folders, monkeypatch):
     fedsim ships them); afterwards the registries without them."""
     monkeypatch.syspath_prepend(str(folders["metadata"]))
     monkeypatch.syspath_prepend(str(folders["package"]))
-    for registry in (METHODS, BENCHMARKS, MODELS):
+    for registry in REGISTRIES:
         registry._entry_points = None  # read again, with the metadata on the path
     yield folders
-    for registry in (METHODS, BENCHMARKS, MODELS):
+    for registry in REGISTRIES:
         for name in [n for n, obj in registry._entries.items() if str(obj.__module__).startswith("plugpkg")]:
             del registry._entries[name]
             registry.targets.pop(name, None)
@@ -313,6 +369,28 @@ BAD = [
     (["--method", METHOD, "--set", "method.server_momentum=1"], "method.server_momentum must be in [0, 1)"),
     (["--benchmark", "plugpkg.data:Listed", "--target", "a"], "hold an unhashable value (unhashable type: 'list')"),
     (["--method", "momentun"], "unknown method 'momentun': did you mean 'momentum'?"),
+    (
+        ["--set", "model.name=plugpkg.nets:bare_net"],
+        "returned an object of type Linear, not a fedsim.models.Classifier",
+    ),
+    (["--set", f"run.scores={MODEL}"], f"score '{MODEL}' is an object of type function, not a score: give a subclass"),
+    (
+        ["--set", f"privacy.mode={SCORE}", "--set", "privacy.noise_multiplier=1", "--set", "privacy.clip=1"],
+        f"privacy mechanism '{SCORE}' is the class TopProbability, not a privacy mechanism",
+    ),  # fmt: skip
+    (
+        [
+            "--set",
+            f"privacy.mode={MECHANISM}",
+            "--set",
+            "privacy.noise_multiplier=1",
+            "--set",
+            "privacy.clip=1",
+            "--set",
+            "privacy.stage_clip={fit: 2}",
+        ],
+        "privacy.mode=EvenSplit takes one clip",
+    ),  # fmt: skip
 ]
 
 
@@ -365,3 +443,30 @@ def test_the_runtime_environment_of_each_way_to_reach_ray(plugins, monkeypatch):
 def test_a_bad_runtime_env_is_one_line(capsys, tmp_path):
     assert main(["run", "--out", str(tmp_path / "x"), "--set", "ray.runtime_env=5"]) == 2
     assert "ray.runtime_env must be a mapping of Ray runtime-environment fields, got 5" in capsys.readouterr().err
+
+
+EXTENDED = {"run.scores": f"entropy,{SCORE}", "privacy.mode": MECHANISM, "privacy.noise_multiplier": 1.0}
+EXTENDED["privacy.clip"] = 5.0
+
+
+def test_a_plugin_score_and_mechanism_run_alike_on_both_backends(plugins, ray_cluster, tmp_path):
+    """A score and a privacy mechanism from the user's package, with the plugin method (a FedAvg subclass: it
+    inherits FedAvg's privacy exchanges), by dotted path on the local backend and by entry-point names on Ray."""
+    local = fedsim.run(method=METHOD, benchmark=BENCHMARK, **settings(plugins, **EXTENDED))
+    by_name = {**EXTENDED, "run.scores": "entropy,topprob", "privacy.mode": "evensplit"}
+    ray = fedsim.run(method=METHOD, benchmark=BENCHMARK, backend="ray", **settings(plugins, **by_name))
+    for result, column in ((local, "score_topprobability"), (ray, "score_topprob")):
+        last = result.history[-1]
+        assert 1 / 3 <= last[column] <= 1 and "score_entropy" in last
+        # no sampling amplification: two rounds of one Gaussian exchange at z = 1
+        assert last["privacy_epsilon"] == pytest.approx(spent_epsilon([(1.0,)] * 2, 1.0, 1e-5))
+    assert ray.history[-1]["score_topprob"] == local.history[-1]["score_topprobability"]
+    assert ray.history[-1]["target_accuracy"] == local.history[-1]["target_accuracy"]
+
+
+def test_a_plugin_model_that_raises_keeps_its_traceback_and_names_the_plugin(plugins):
+    with pytest.raises(ZeroDivisionError) as error:
+        fedsim.run(
+            method=METHOD, benchmark=BENCHMARK, **settings(plugins, **{"model.name": "plugpkg.nets:failing_net"})
+        )
+    assert "raised by the model plugin 'plugpkg.nets:failing_net'" in error.value.__notes__[0]

@@ -46,7 +46,18 @@ def build_model(model_config, input_shape: tuple[int, ...], num_classes: int) ->
     factory = MODELS.get(name)
     declared = inspect.signature(factory).parameters
     settings = {key: getattr(model_config, key, None) for key in SETTINGS if key in declared}
-    model = factory(input_shape=tuple(input_shape), num_classes=num_classes, hidden=model_config.hidden, **settings)
+    plugin = MODELS.targets.get(name)
+    try:
+        model = factory(input_shape=tuple(input_shape), num_classes=num_classes, hidden=model_config.hidden, **settings)
+    except Exception as exc:
+        if plugin:  # the user's own code: its traceback, with a line naming the plugin
+            exc.add_note(f"raised by the model plugin {name!r} ({plugin})")
+        raise
+    if not isinstance(model, Classifier):
+        raise UserError(
+            f"model {name!r} returned an object of type {type(model).__name__}, not a fedsim.models.Classifier: "
+            "return Classifier(encoder, head) (fedsim.models.classifier)"
+        )
     return model.to(memory_format=torch.channels_last) if len(input_shape) == 3 else model
 
 
