@@ -17,7 +17,13 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGE = (ROOT / "docs" / "extending.md").read_text()
-MODULES = {"methods": "method", "data": "data", "nets": "nets"}  # mypkg/<module>.py <- the page's block
+MODULES = {
+    "methods": "method",
+    "data": "data",
+    "nets": "nets",
+    "scores": "scores",
+    "privacy": "privacy",
+}  # mypkg/<module>.py <- the page's block
 
 
 def example(name: str) -> str:
@@ -114,3 +120,36 @@ def test_the_command_line_example_runs_by_entry_points_and_dotted_paths(tmp_path
         else:
             summary = json.loads((tmp_path / f"run{number}" / "summary.json").read_text())
             assert 0.5 < summary["target_accuracy"] <= 1.0, summary
+
+
+def test_the_score_and_mechanism_examples_run_with_the_guide_s_benchmark_and_model(package):
+    """The page's score and privacy mechanism, on its benchmark and model, with FedAvg."""
+    import fedsim
+
+    result = fedsim.run(
+        method="fedavg",
+        benchmark="mypkg.data:Blobs",
+        rounds=1,
+        set={
+            "model.name": "mypkg.nets:wide_mlp",
+            "run.tensorboard": False,
+            "run.scores": "entropy,mypkg.scores:TopProbability",
+            "privacy.mode": "mypkg.privacy:EvenSplit",
+            "privacy.noise_multiplier": 1.0,
+            "privacy.clip": 5.0,
+        },
+    )
+    last = result.history[-1]
+    assert 0 < last["score_topprobability"] <= 1 and "score_entropy" in last and last["privacy_epsilon"] > 0
+
+
+def test_the_guide_s_method_declares_its_privacy_exchanges(package):
+    import fedsim
+
+    result = fedsim.run(
+        method="mypkg.methods:FedAvgM",
+        benchmark="mypkg.data:Blobs",
+        rounds=1,
+        set={"run.tensorboard": False, "privacy.noise_multiplier": 1.0, "privacy.clip": 5.0},
+    )
+    assert result.history[-1]["privacy_epsilon"] > 0

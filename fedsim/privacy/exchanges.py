@@ -179,6 +179,12 @@ def _feddadil(config) -> Exchanges:
     return Exchanges(stages, calls)
 
 
+def one_fit(config) -> Exchanges:
+    """One ``fit`` per round on the sources, its model updates averaged by sample count: FedAvg's exchanges, for a
+    plugin method to declare as ``privacy_exchanges = staticmethod(one_fit)``."""
+    return _fit(MODEL_UPDATE)
+
+
 EXCHANGES: dict[str, Callable[[Any], Exchanges]] = {
     "fedavg": lambda config: _fit(MODEL_UPDATE),
     "fedprox": lambda config: _fit(MODEL_UPDATE),
