@@ -11,10 +11,12 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
 
 import torch
 
+from fedsim.coercion import read_values
 from fedsim.data import normalization
 from fedsim.data.base import ClientData
 from fedsim.data.scenario import Federation, forget_domain_data, load_client_data
@@ -43,6 +45,15 @@ def torch_threads(count: int):
 def threads_for(cpus: float) -> int:
     """Torch threads for a client that was given ``cpus`` CPUs (fractions round down, at least 1)."""
     return max(1, int(cpus))
+
+
+@dataclass(frozen=True)
+class StandardizeValues:
+    """The values of a ``data_standardize`` instruction (:func:`fedsim.data.normalization.standardize_federation`)."""
+
+    own_statistics: bool = False
+    """Standardize by the client's own statistics (``data.normalization=per-domain``) instead of the mean and std
+    the instruction's tensors carry."""
 
 
 class ClientHost:
@@ -141,7 +152,7 @@ class ClientHost:
         if instruction.operation == normalization.DATA_STATS:
             stats = normalization.feature_stats(data.train.x)
             return Reply(client_id, stats.to_tensors(), {}, num_examples=len(data.train))
-        if instruction.values.get("own_statistics", False):
+        if read_values(StandardizeValues, instruction.values, instruction.operation).own_statistics:
             mean, std = normalization.mean_std(normalization.feature_stats(data.train.x))
         else:
             mean, std = instruction.tensors["mean"], instruction.tensors["std"]

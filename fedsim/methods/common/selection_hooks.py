@@ -28,10 +28,12 @@ to the sources with the evaluation (instruction tensors ``selection<suffix>.dens
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Mapping, Optional, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal, Mapping, Optional, Sequence
 
 import numpy as np
 
+from fedsim.coercion import read_values
 from fedsim.messages import Instruction, Reply, Tensors
 from fedsim.selection import (
     SCORES,
@@ -53,6 +55,14 @@ STAGE = "selection_stage"
 MOMENTS = "moments"
 #: the prefix of every selection key, in reply metrics, reply tensors and instruction tensors
 PREFIX = "selection"
+
+
+@dataclass(frozen=True)
+class SelectionValues:
+    """What an ``evaluate`` instruction's values say to the selection hook (beside the method's own values)."""
+
+    selection_stage: Optional[Literal["moments"]] = None
+    """:data:`MOMENTS` in the moments exchange of iwv/dev (reply with feature moments); None: a plain evaluation."""
 
 
 def requested_scores(config, task: str) -> tuple[str, ...]:
@@ -158,7 +168,8 @@ def selection_reply(
     x = selection_inputs(scores, data)
     if x is None:
         return reply
-    if instruction.values.get(STAGE) == MOMENTS:
+    values = read_values(SelectionValues, instruction.values, instruction.operation, shared=True)
+    if values.selection_stage == MOMENTS:
         tensors = {}
         for variant, predictor in predictors.items():
             moments = moment_statistics(predictor.features(x))
