@@ -18,8 +18,8 @@ import argparse
 import sys
 from typing import Optional, Sequence
 
-from fedsim.errors import UserError
 from tools.diagnostics import DIAGNOSTICS
+from tools.diagnostics.command import run_command
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -37,12 +37,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     """Parse, run; a :class:`fedsim.errors.UserError` is one line on stderr and exit code 2."""
     parser = argparse.ArgumentParser(prog="python -m tools.diagnose", description=__doc__.split("\n\n")[0])
     add_arguments(parser)
-    args = parser.parse_args(argv)
-    try:
-        return run(args)
-    except UserError as exc:
-        print(f"fedsim: error: {exc}", file=sys.stderr)
-        return 2
+    return run_command(parser, run, argv)
 
 
 if __name__ == "__main__":

@@ -540,10 +540,12 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    """``python -m tools.diagnose disclosure ...`` under its own module name (:func:`tools.diagnose.main`)."""
-    from tools.diagnose import main as diagnose
+    """``python -m tools.diagnose disclosure ...`` under its own module name (as :func:`tools.diagnose.main`)."""
+    from tools.diagnostics.command import run_command
 
-    return diagnose([NAME, *(sys.argv[1:] if argv is None else argv)])
+    parser = argparse.ArgumentParser(prog=f"python -m tools.diagnose {NAME}", description=__doc__.split("\n\n")[0])
+    add_arguments(parser)
+    return run_command(parser, run, argv)
 
 
 if __name__ == "__main__":
