@@ -108,7 +108,7 @@ def test_an_unknown_run_is_one_line(runs, tmp_path):
         tep_protocol.load(tep_protocol.parse_args(["--out", str(tmp_path), "--runs", runs]))
 
 
-RESULTS = ROOT / "experiments" / "specs" / "results"
+PROTOCOLS = ROOT / "experiments" / "specs"
 
 
 def _trials(path: Path) -> dict:
@@ -126,8 +126,8 @@ def test_the_device_spec_runs_the_results_specs_mode2_trials():
     """Every run of tools/device/tep_mode2.yaml is the mode2 trial of the windows results specs, setting for
     setting: FADA III of fada-tep-windows, every other run of feddadil-tep-windows."""
     device = _trials(tep_protocol.SPEC)
-    feddadil = _trials(RESULTS / "feddadil-tep-windows.yaml")
-    fada = _trials(RESULTS / "fada-tep-windows.yaml")
+    feddadil = _trials(PROTOCOLS / "feddadil-tep-windows.yaml")
+    fada = _trials(PROTOCOLS / "fada-tep-windows.yaml")
     assert {target for _, target in device} == {"mode2"}
     for (run, target), config in device.items():
         expected = fada["fada-III", target] if run == "fada" else feddadil[run, target]
@@ -136,7 +136,7 @@ def test_the_device_spec_runs_the_results_specs_mode2_trials():
 
 def test_the_targets_filter_keeps_the_named_targets_and_titles_the_table(tmp_path):
     args = tep_protocol.parse_args(
-        ["--out", str(tmp_path), "--spec", str(RESULTS / "feddadil-tep-windows.yaml"), "--targets", "mode2"]
+        ["--out", str(tmp_path), "--spec", str(PROTOCOLS / "feddadil-tep-windows.yaml"), "--targets", "mode2"]
         + ["--windows", "7", "--precision", "fp32"]
     )
     spec = tep_protocol.load(args)
