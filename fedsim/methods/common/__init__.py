@@ -1,2 +1,2 @@
-"""What several methods share: the training loop, aggregation, the evaluation summary, alignment pieces, detection
-training and evaluation, dictionary learning, batched local training."""
+"""What several method families share: the training loop, aggregation, the evaluation summary, batch-norm helpers,
+the classifier, the target's encoded features, the pooled uploads, batched local training, the stage cache."""
