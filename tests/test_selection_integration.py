@@ -156,7 +156,7 @@ def _outputs(model, x):
 
 
 def _cheap_references(validation_logits, validation_y, target_logits, suffix="") -> dict:
-    from fedsim.selection import reference
+    import selection_reference as reference
 
     return {
         f"score_source_accuracy{suffix}": reference.source_accuracy_score(validation_logits, validation_y),
@@ -196,8 +196,9 @@ def test_without_a_validation_part_auto_reports_the_target_scores_only(toy_overr
 
 
 def test_iwv_and_dev_fit_the_density_ratio_from_moments_and_match_the_pooled_reference(toy_overrides):
+    import selection_reference as reference
+
     from fedsim.methods.common.selection_hooks import MOMENTS, STAGE
-    from fedsim.selection import reference
 
     config, federation, executor, server, history, summary = _simulate(
         toy_overrides + SCORE_OVERRIDES + ["data.validation_fraction=0.2", "run.scores=source_loss,iwv,dev"]
@@ -273,7 +274,7 @@ def test_feddadil_reports_the_scores_of_each_predictor(toy_overrides):
 
 
 def test_feddadil_fits_one_density_ratio_per_predictor_on_its_logits(toy_overrides):
-    from fedsim.selection import reference
+    import selection_reference as reference
 
     config, federation, executor, server, history, summary = _simulate(
         toy_overrides + SCORE_OVERRIDES + FEDDADIL_FAST + ["data.validation_fraction=0.2", "run.scores=iwv,dev"]
