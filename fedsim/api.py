@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, Optional
 
-from fedsim.config import BACKBONE_MODELS, ExperimentConfig, keyword_values, load_config
+from fedsim.config import ExperimentConfig, keyword_values, load_config
 from fedsim.data.scenario import Federation, build_federation
 from fedsim.errors import UserError, unwrapped
 
@@ -61,14 +61,12 @@ def open_local(
 
 
 def checked_federation(config: ExperimentConfig) -> Federation:
-    """The run's federation, after the method's checks of the setting (both raise UserError on bad input)."""
+    """The run's federation, after the model's and the method's checks of the setting (both raise UserError on bad
+    input); its input shape is the one the model declares (a frozen backbone's features, :mod:`fedsim.models`)."""
+    from fedsim.models.features import model_federation
     from fedsim.registry import METHODS
 
-    federation = build_federation(config.data)
-    if config.model.name in BACKBONE_MODELS:  # a ResNet: its checks, and a frozen backbone's features as the inputs
-        from fedsim.models.features import backbone_federation
-
-        federation = backbone_federation(config, federation)
+    federation = model_federation(config, build_federation(config.data))
     METHODS.get(config.method.name).check_setting(config, federation)
     return federation
 

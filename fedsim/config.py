@@ -117,55 +117,18 @@ class DataConfig:
         )
 
 
-BACKBONE_MODELS: tuple[str, ...] = ("resnet18", "resnet50", "resnet101")
-"""The torchvision ResNets (:mod:`fedsim.models.resnet`): ``model.weights``, ``model.backbone`` and ``model.head``
-apply to them alone."""
-BACKBONES: tuple[str, ...] = ("frozen", "finetune")
-"""The values of ``model.backbone``, the default first."""
-HEADS: tuple[str, ...] = ("mlp", "linear")
-"""The values of ``model.head``, the default first."""
-
-
 @dataclass(frozen=True)
 class ModelConfig:
-    """The ``model`` section: which registered model the methods build, its width, and a ResNet's weights,
-    backbone and head."""
+    """The ``model`` section: which registered model the methods build, its width, and the model's own options."""
 
     name: str = "auto"
     """The model's registered name (:data:`fedsim.registry.MODELS`); "auto" chooses from the input shape: ``cnn``
     for images, ``cnn1d`` for multichannel signals (channels x length), ``mlp`` for feature vectors."""
     hidden: int = 128
     """The width of the encoder's output, the features the head classifies (the model function's ``hidden``)."""
-    weights: Optional[str] = None
-    """The ResNets only (:data:`BACKBONE_MODELS`): the backbone's weights, a file holding a state dict of that
-    architecture (``torch.save(model.state_dict(), PATH)``; torchvision's own files are such), or "torchvision":
-    torchvision's IMAGENET1K_V1 file in its own cache (``$TORCH_HOME/hub/checkpoints``), never downloaded. None:
-    random weights."""
-    backbone: Optional[str] = None
-    """The ResNets only: "frozen" (their default: each client computes the backbone's features once and caches them,
-    the head trains on them) or "finetune" (the whole network trains, as the papers do)."""
-    head: Optional[str] = None
-    """The ResNets only: "mlp" (their default: one hidden layer of ``hidden`` units, then the linear classifier) or
-    "linear" (the classifier on the backbone's features)."""
-
-    def __post_init__(self):
-        given = [f"model.{key}" for key in ("weights", "backbone", "head") if getattr(self, key) is not None]
-        if self.name not in BACKBONE_MODELS:
-            if given:
-                raise UserError(
-                    f"{', '.join(given)} {'apply' if len(given) > 1 else 'applies'} only to the ResNet models "
-                    f"({', '.join(BACKBONE_MODELS)}), not to "
-                    f"model.name={self.name}: leave {'them' if len(given) > 1 else 'it'} out or choose a ResNet"
-                )
-            return
-        for key, choices in (("backbone", BACKBONES), ("head", HEADS)):
-            value = getattr(self, key)
-            if value is None:
-                object.__setattr__(self, key, choices[0])
-            elif value not in choices:
-                raise UserError(f"model.{key}={value} is not one of {', '.join(choices)}: choose one of them")
-        if self.weights is not None and not str(self.weights).strip():
-            raise UserError(f"model.weights is empty: name a state-dict file of {self.name}, or torchvision")
+    options: Any = field(default_factory=NoOptions)
+    """The model's own frozen dataclass (its ``Options``, :func:`fedsim.models.declares`), set by ``model.<field>``
+    keys (a ResNet's ``weights``, ``backbone`` and ``head``)."""
 
 
 @dataclass(frozen=True)
@@ -675,7 +638,7 @@ def to_plain(obj: Any) -> Any:
         for f in fields(obj):
             value = getattr(obj, f.name)
             if (f.name == "params" and isinstance(obj, MethodConfig)) or (
-                f.name == "options" and isinstance(obj, DataConfig)
+                f.name == "options" and isinstance(obj, (DataConfig, ModelConfig))
             ):
                 out.update(to_plain(value))
             else:
@@ -775,36 +738,54 @@ def _resolve_dropout(clients_raw: dict) -> None:
     clients_raw["availability"] = 1.0 - dropout
 
 
-def _build_data(data_raw: dict) -> DataConfig:
-    """The shared data keys into DataConfig, the rest into the benchmark's own ``Options``."""
-    from fedsim.registry import BENCHMARKS
-
-    benchmark_cls = BENCHMARKS.get(_benchmark_name(data_raw))
-    options_cls = getattr(benchmark_cls, "Options", NoOptions)
-    shared = [f.name for f in fields(DataConfig) if f.name != "options"]
+def _with_options(section_cls: type, options_cls: type, raw: dict, where: str, owner: str) -> Any:
+    """A section's shared keys into ``section_cls``, the rest into its owner's ``options_cls`` (a benchmark's or a
+    model's own frozen dataclass), unknown keys refused naming the owner's."""
+    shared = [f.name for f in fields(section_cls) if f.name != "options"]
     own = [f.name for f in fields(options_cls)]
     clash = sorted(set(shared) & set(own))
     if clash:
-        raise TypeError(f"{benchmark_cls.__name__}.Options redefines shared data keys {clash}: use the shared ones")
-    for key in data_raw:
+        raise TypeError(f"{options_cls.__qualname__} redefines shared {where} keys {clash}: use the shared ones")
+    for key in raw:
         if key not in shared and key not in own:
             keys = f"its own keys: {', '.join(own)}" if own else "it has no keys of its own"
             raise UserError(
-                f"unknown config key 'data.{key}' for benchmark {_benchmark_name(data_raw)!r} ({keys}): "
-                f"{closest(str(key), shared + own)}"
+                f"unknown config key '{where}.{key}' for {owner} ({keys}): {closest(str(key), shared + own)}"
             )
-    options = build_checked(options_cls, {k: v for k, v in data_raw.items() if k in own}, "data")
+    options = build_checked(options_cls, {k: v for k, v in raw.items() if k in own}, where)
     try:
         hash(options)
     except TypeError as exc:
         raise UserError(
-            f"the options of benchmark {_benchmark_name(data_raw)!r} hold an unhashable value ({exc}): declare a list "
-            "option as a tuple[...] field"
+            f"the options of {owner} hold an unhashable value ({exc}): declare a list option as a tuple[...] field"
         ) from None
     return dataclasses.replace(
-        build_checked(DataConfig, {k: v for k, v in data_raw.items() if k in shared}, "data", moved=MOVED_KEYS),
+        build_checked(section_cls, {k: v for k, v in raw.items() if k in shared}, where, moved=MOVED_KEYS),
         options=options,
     )
+
+
+def _build_data(data_raw: dict) -> DataConfig:
+    """The shared data keys into DataConfig, the rest into the benchmark's own ``Options``."""
+    from fedsim.registry import BENCHMARKS
+
+    options_cls = getattr(BENCHMARKS.get(_benchmark_name(data_raw)), "Options", NoOptions)
+    return _with_options(DataConfig, options_cls, data_raw, "data", f"benchmark {_benchmark_name(data_raw)!r}")
+
+
+def _build_model(model_raw: dict) -> ModelConfig:
+    """The shared model keys (name, hidden) into ModelConfig, the rest into the model's own ``Options``."""
+    from fedsim.registry import MODELS
+
+    name = str(model_raw.get("name", ModelConfig.name))
+    options_cls = NoOptions if name == "auto" else getattr(MODELS.get(name), "Options", NoOptions)
+    return _with_options(ModelConfig, options_cls, model_raw, "model", f"model {name!r}")
+
+
+def model_config(**values) -> ModelConfig:
+    """A ModelConfig from ``model`` keys, shared ones and the model's own options, checked as a config file's
+    (``model_config(name="resnet18", backbone="finetune")``)."""
+    return _build_model(values)
 
 
 def data_config(**values) -> DataConfig:
@@ -859,10 +840,13 @@ def build_config(raw: dict) -> ExperimentConfig:
     built = {
         name: build_checked(cls, sections.get(name, {}), name, moved=MOVED_KEYS)
         for name, cls in typing.get_type_hints(ExperimentConfig).items()
-        if name not in ("method", "data")
+        if name not in ("method", "data", "model")
     }
     config = ExperimentConfig(
-        method=_build_method(method_cls, sections.get("method", {})), data=_build_data(data_raw), **built
+        method=_build_method(method_cls, sections.get("method", {})),
+        data=_build_data(data_raw),
+        model=_build_model(sections.get("model", {})),
+        **built,
     )
     validate(config)
     return config

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+from fedsim.config import model_config
 from fedsim.methods.common.training import load_numpy, model_to_numpy
 from fedsim.models import build_model
 
@@ -86,7 +87,7 @@ def test_detectors_hold_convolutions_channels_last_and_save_c_ordered_weights(tm
 
 def test_a_finetuned_resnet_holds_convolutions_channels_last_and_a_frozen_one_is_its_head():
     pytest.importorskip("torchvision", reason="the ResNets are the optional detection extra")
-    config = SimpleNamespace(name="resnet18", hidden=16, weights=None, backbone="finetune", head="mlp")
+    config = model_config(name="resnet18", hidden=16, backbone="finetune", head="mlp")
     torch.manual_seed(0)
     net = build_model(config, (3, 32, 32), 10)
     convs = [m.weight for m in net.modules() if isinstance(m, torch.nn.Conv2d)]
@@ -97,5 +98,5 @@ def test_a_finetuned_resnet_holds_convolutions_channels_last_and_a_frozen_one_is
     net.eval()
     with torch.no_grad():
         assert net(torch.rand(2, 1, 32, 32)).shape == (2, 10)  # one channel: repeated to three
-    head = build_model(SimpleNamespace(name="resnet18", hidden=16), (512,), 10)  # frozen by default: the head
+    head = build_model(model_config(name="resnet18", hidden=16), (512,), 10)  # frozen by default: the head
     assert [tuple(p.shape) for p in head.parameters()] == [(16, 512), (16,), (10, 16), (10,)]

@@ -21,7 +21,7 @@ torchvision = pytest.importorskip("torchvision", reason="the ResNets need the op
 from conftest import assert_same_results  # noqa: E402
 
 from fedsim.api import run_experiment  # noqa: E402
-from fedsim.config import BACKBONE_MODELS, ModelConfig, load_config  # noqa: E402
+from fedsim.config import load_config, model_config  # noqa: E402
 from fedsim.data.scenario import build_federation, load_client_data  # noqa: E402
 from fedsim.errors import MissingDependency, UserError  # noqa: E402
 from fedsim.experiments.cli import main  # noqa: E402
@@ -101,23 +101,43 @@ def extractions(monkeypatch):
     return calls
 
 
+ARCHS = ("resnet18", "resnet50", "resnet101")
+
+
+def features_of(arch: str) -> resnet.ResNetFeatures:
+    """What a ResNet declares it does to its inputs (a frozen backbone's cached features)."""
+    return resnet.ResNetFeatures(arch)
+
+
 def test_the_resnets_are_registered_with_their_widths():
-    assert tuple(resnet.ARCHITECTURES) == BACKBONE_MODELS == ("resnet18", "resnet50", "resnet101")
+    assert tuple(resnet.ARCHITECTURES) == ARCHS
     assert resnet.ARCHITECTURES == {"resnet18": 512, "resnet50": 2048, "resnet101": 2048}
     for arch, width in resnet.ARCHITECTURES.items():
         assert f"({width} features)" in MODELS.get(arch).__doc__
         assert resnet.trunk(arch, device="meta")(torch.zeros(2, 3, 64, 64, device="meta")).shape == (2, width)
 
 
-def test_the_model_section_takes_the_settings_for_resnets_alone():
-    assert (ModelConfig(name="resnet50").backbone, ModelConfig(name="resnet50").head) == ("frozen", "mlp")
-    assert ModelConfig(name="cnn").backbone is None
+def test_the_resnets_declare_their_own_options():
+    options = model_config(name="resnet50").options
+    assert options == resnet.Options() and (options.weights, options.backbone, options.head) == (None, "frozen", "mlp")
+    assert model_config(name="resnet18", backbone="finetune").options.backbone == "finetune"
+    assert MODELS.get("resnet18").inputs == features_of("resnet18")
+    assert load_config(None, ["model.name=resnet18", "model.head=linear"]).model.options.head == "linear"
+    assert load_config(None, ["model.name=cnn"]).to_dict()["model"] == {"name": "cnn", "hidden": 128}
+    assert load_config(None, ["model.name=resnet18"]).to_dict()["model"] == {
+        "name": "resnet18", "hidden": 128, "weights": None, "backbone": "frozen", "head": "mlp"
+    }  # fmt: skip
     with pytest.raises(
-        UserError, match=r"^model.weights, model.head apply only to the ResNet models .* model.name=cnn"
+        UserError, match=r"^unknown config key 'model.weights' for model 'cnn' \(it has no keys of its own\)"
     ):
-        ModelConfig(name="cnn", weights="w.pt", head="linear")
+        load_config(None, ["model.name=cnn", "model.weights=w.pt"])
+    with pytest.raises(
+        UserError, match=r"^unknown config key 'model.heads' for model 'resnet18' \(its own keys: weights, backbone, "
+        r"head\): did you mean 'head'"
+    ):  # fmt: skip
+        load_config(None, ["model.name=resnet18", "model.heads=mlp"])
     with pytest.raises(UserError, match=r"^model.backbone=trained is not one of frozen, finetune"):
-        ModelConfig(name="resnet18", backbone="trained")
+        model_config(name="resnet18", backbone="trained")
     with pytest.raises(UserError, match=r"^model.head=deep is not one of mlp, linear"):
         load_config(None, ["model.name=resnet18", "model.head=deep"])
 
@@ -194,7 +214,7 @@ def test_local_and_ray_compute_the_same_features_and_numbers(tmp_path, ray_clust
 def test_a_finetuned_resnet_starts_from_the_file_and_trains_whole(tmp_path, extractions):
     weights = tmp_path / "w.pt"
     net = write_weights(weights, seed=1)
-    model = build_model(ModelConfig(name="resnet18", weights=str(weights), backbone="finetune"), (3, 16, 16), 3)
+    model = build_model(model_config(name="resnet18", weights=str(weights), backbone="finetune"), (3, 16, 16), 3)
     expected = {k: v for k, v in net.state_dict().items() if not k.startswith("fc.")}
     loaded = model.encoder[1].state_dict()
     assert loaded.keys() == expected.keys() and all(torch.equal(loaded[k], expected[k]) for k in expected)
@@ -270,27 +290,29 @@ def test_torchvision_cache_is_read_never_downloaded(tmp_path, capsys, monkeypatc
     assert code == 0, err
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert summary["rounds"] == 2 and len(extractions) == 6
-    assert features.weights_key("resnet18", "torchvision") == features.weights_key("resnet18", str(expected))
+    assert features_of("resnet18").weights_key(resnet.Options(weights="torchvision")) == features_of(
+        "resnet18"
+    ).weights_key(resnet.Options(weights=str(expected)))
 
 
 def test_without_torchvision_a_resnet_says_what_to_install(monkeypatch):
     listing = "import sys; sys.modules['torchvision'] = None; from fedsim.registry import MODELS; print(MODELS.names())"
     listed = subprocess.run([sys.executable, "-c", listing], capture_output=True, text=True, check=True).stdout
-    assert all(f"'{arch}'" in listed for arch in BACKBONE_MODELS)
+    assert all(f"'{arch}'" in listed for arch in ARCHS)
     monkeypatch.setitem(sys.modules, "torchvision", None)
     monkeypatch.setitem(sys.modules, "torchvision.models", None)
     with pytest.raises(MissingDependency, match=r"^the resnet models need a working torchvision \(.*\): pip install "):
-        build_model(ModelConfig(name="resnet50", backbone="finetune"), (3, 32, 32), 10)
+        build_model(model_config(name="resnet50", backbone="finetune"), (3, 32, 32), 10)
     with pytest.raises(MissingDependency, match=r"\.\[detection\]'$"):
         resnet.frozen_backbone("resnet18", None)
 
 
 def test_a_frozen_head_is_not_built_for_images():
     with pytest.raises(UserError, match=r"trains a head on the backbone's 512 features, which each client computes"):
-        build_model(ModelConfig(name="resnet18"), (3, 32, 32), 3)
+        build_model(model_config(name="resnet18"), (3, 32, 32), 3)
     with pytest.raises(UserError, match=r"model.name=resnet18 takes images \(1 or 3 x H x W\), not inputs of shape"):
-        build_model(ModelConfig(name="resnet18", backbone="finetune"), (20,), 3)
-    head = build_model(ModelConfig(name="resnet18", head="linear"), (512,), 3)
+        build_model(model_config(name="resnet18", backbone="finetune"), (20,), 3)
+    head = build_model(model_config(name="resnet18", head="linear"), (512,), 3)
     assert isinstance(head.encoder, torch.nn.Identity) and head.head.in_features == 512
 
 

@@ -11,22 +11,59 @@ batch norms and poolings after them keep and the CPU kernels run faster than tor
 Weights leave a model C-ordered all the same (the methods send numpy copies of its state dict) and keep the model's
 layout when loaded back.
 
-A model function that declares a parameter named after one of :data:`SETTINGS` gets that ``model.<setting>`` too
-(the ResNets of :mod:`fedsim.models.resnet` take ``weights``, ``backbone`` and ``head``).
+A model function may declare its own options (:func:`declares`): a frozen dataclass ``Options`` whose fields are
+``model.<field>`` keys, checked when the config is built, the function getting the instance as ``options``; and a
+:class:`ModelInputs`, what it does to the clients' inputs before any method sees them (the ResNets of
+:mod:`fedsim.models.resnet` declare ``weights``, ``backbone`` and ``head``, and cache a frozen backbone's features,
+:mod:`fedsim.models.features`).
 """
 
 from __future__ import annotations
 
 import inspect
+from typing import Callable, Optional, TypeVar
 
 import torch
 
+from fedsim.coercion import NoOptions
 from fedsim.errors import UserError
 from fedsim.models.classifier import Classifier
 from fedsim.registry import MODELS
 
-SETTINGS = ("weights", "backbone", "head")
-"""``model`` settings passed to the model functions that declare a parameter of that name."""
+F = TypeVar("F", bound=Callable)
+
+
+class ModelInputs:
+    """What a model does to the clients' inputs before any method sees them; this base leaves them as they are."""
+
+    def federation(self, config, federation):
+        """In the driver, before anything runs or is written: the model's one-line checks of the setting, and the
+        federation whose ``input_shape`` the models are built for."""
+        return federation
+
+    def client_data(self, config, data, device: str = "cpu"):
+        """In the process hosting the client, right after its data is built: the inputs the methods train on."""
+        return data
+
+
+def declares(options: type = NoOptions, inputs: Optional[ModelInputs] = None) -> Callable[[F], F]:
+    """A decorator declaring a model function's own options (``options``: a frozen dataclass whose fields are
+    ``model.<field>`` keys; the function takes the instance as ``options``) and its :class:`ModelInputs`."""
+
+    def decorator(factory: F) -> F:
+        factory.Options = options  # type: ignore[attr-defined]
+        if inputs is not None:
+            factory.inputs = inputs  # type: ignore[attr-defined]
+        return factory
+
+    return decorator
+
+
+def model_inputs(model_config) -> ModelInputs:
+    """The :class:`ModelInputs` the configured model declares (the base one for "auto" and models without)."""
+    if model_config.name == "auto":
+        return ModelInputs()
+    return getattr(MODELS.get(model_config.name), "inputs", None) or ModelInputs()
 
 
 def build_model(model_config, input_shape: tuple[int, ...], num_classes: int) -> Classifier:
@@ -45,7 +82,7 @@ def build_model(model_config, input_shape: tuple[int, ...], num_classes: int) ->
             )
     factory = MODELS.get(name)
     declared = inspect.signature(factory).parameters
-    settings = {key: getattr(model_config, key, None) for key in SETTINGS if key in declared}
+    settings = {"options": model_config.options} if "options" in declared else {}
     plugin = MODELS.targets.get(name)
     try:
         model = factory(input_shape=tuple(input_shape), num_classes=num_classes, hidden=model_config.hidden, **settings)
@@ -61,4 +98,4 @@ def build_model(model_config, input_shape: tuple[int, ...], num_classes: int) ->
     return model.to(memory_format=torch.channels_last) if len(input_shape) == 3 else model
 
 
-__all__ = ["Classifier", "build_model"]
+__all__ = ["Classifier", "ModelInputs", "build_model", "declares", "model_inputs"]

@@ -1,8 +1,8 @@
 """torchvision's ResNets (He et al., CVPR 2016) as fedsim models: ``model.name=resnet18|resnet50|resnet101``.
 
 The domain adaptation papers on Office-Caltech10 (FADA's rows among them), Office-31, Office-Home and DomainNet start
-from an ImageNet-pretrained ResNet-50 or -101 at 224 x 224 and fine-tune it. The settings (the ``model`` section,
-:class:`fedsim.config.ModelConfig`):
+from an ImageNet-pretrained ResNet-50 or -101 at 224 x 224 and fine-tune it. Their options (:class:`Options`,
+``model.<option>`` keys):
 
 * ``model.weights``: a file holding a state dict of the architecture (``torch.save(model.state_dict(), PATH)``;
   torchvision's own ``resnet50-0676ba61.pth`` is one, its ImageNet classifier ``fc.*`` is left out), or
@@ -28,6 +28,7 @@ it is imported when a ResNet is built, so listing the models works without it.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import hashlib
 import logging
@@ -39,9 +40,11 @@ from urllib.parse import urlparse
 import torch
 from torch import nn
 
-from fedsim.config import BACKBONES, HEADS
+from fedsim.data.scenario import resolve_normalization
 from fedsim.errors import MissingDependency, UserError, first_line, typed_first_line
+from fedsim.models import declares
 from fedsim.models.classifier import Classifier
+from fedsim.models.features import FrozenFeatures
 from fedsim.registry import MODELS
 
 log = logging.getLogger(__name__)
@@ -57,6 +60,10 @@ IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 RANDOM_SEED = 0
 """The seed of a frozen backbone's random weights (no ``model.weights``)."""
+BACKBONES: tuple[str, ...] = ("frozen", "finetune")
+"""The values of ``model.backbone``, the default first."""
+HEADS: tuple[str, ...] = ("mlp", "linear")
+"""The values of ``model.head``, the default first."""
 INSTALL = "pip install -c constraints.txt -e '.[detection]'"
 SHOWN = 3  # state-dict keys named in an error
 
@@ -70,6 +77,30 @@ def torchvision_models():
             f"the resnet models need a working torchvision ({typed_first_line(exc)}): {INSTALL}"
         ) from None
     return models
+
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+    """A ResNet's own ``model.<option>`` keys (see the module docstring)."""
+
+    weights: Optional[str] = None
+    """The backbone's weights: a file holding a state dict of the architecture, or "torchvision" (its cache); None:
+    random weights."""
+    backbone: str = BACKBONES[0]
+    """"frozen" (each client computes the backbone's features once and caches them, the head trains on them) or
+    "finetune" (the whole network trains, as the papers do)."""
+    head: str = HEADS[0]
+    """"mlp" (one hidden layer of ``model.hidden`` units, then the linear classifier) or "linear" (the classifier
+    on the backbone's features)."""
+
+    def __post_init__(self):
+        for key, choices in (("backbone", BACKBONES), ("head", HEADS)):
+            if getattr(self, key) not in choices:
+                raise UserError(
+                    f"model.{key}={getattr(self, key)} is not one of {', '.join(choices)}: choose one of them"
+                )
+        if self.weights is not None and not str(self.weights).strip():
+            raise UserError("model.weights is empty: name a state-dict file of the ResNet, or torchvision")
 
 
 class ImageNetInput(nn.Module):
@@ -229,21 +260,12 @@ def image_shape_error(arch: str, input_shape: tuple[int, ...]) -> Optional[str]:
     )
 
 
-def build(
-    arch: str,
-    input_shape: tuple[int, ...],
-    num_classes: int,
-    hidden: int,
-    weights: Optional[str] = None,
-    backbone: Optional[str] = None,
-    head: Optional[str] = None,
-) -> Classifier:
+def build(arch: str, input_shape: tuple[int, ...], num_classes: int, hidden: int, options: Options) -> Classifier:
     """The Classifier of ``arch``: with a frozen backbone the head alone, on the features (``input_shape`` is
     ``(width,)``); fine-tuned, ImageNet input + trunk (+ the hidden layer) as the encoder, then the classifier."""
-    backbone, head = backbone or BACKBONES[0], head or HEADS[0]
     width = ARCHITECTURES[arch]
-    bottleneck = [nn.Linear(width, hidden), nn.ReLU()] if head == "mlp" else []
-    if backbone == "frozen":
+    bottleneck = [nn.Linear(width, hidden), nn.ReLU()] if options.head == "mlp" else []
+    if options.backbone == "frozen":
         if tuple(input_shape) != (width,):
             raise UserError(
                 f"model.name={arch} with model.backbone=frozen trains a head on the backbone's {width} features, "
@@ -255,23 +277,65 @@ def build(
         problem = image_shape_error(arch, tuple(input_shape))
         if problem:
             raise UserError(problem)
-        encoder = nn.Sequential(ImageNetInput(), load_trunk(arch, weights_file(arch, weights)), *bottleneck)
-    return Classifier(encoder, nn.Linear(hidden if head == "mlp" else width, num_classes))
+        encoder = nn.Sequential(ImageNetInput(), load_trunk(arch, weights_file(arch, options.weights)), *bottleneck)
+    return Classifier(encoder, nn.Linear(hidden if options.head == "mlp" else width, num_classes))
+
+
+@dataclasses.dataclass(frozen=True)
+class ResNetFeatures(FrozenFeatures):
+    """A ResNet's inputs: with ``model.backbone=frozen`` each client caches the backbone's features
+    (:mod:`fedsim.models.features`); checked before a run starts either way."""
+
+    arch: str
+
+    def frozen(self, options: Options) -> bool:
+        return options.backbone == "frozen"
+
+    def width(self, options: Options) -> int:
+        return ARCHITECTURES[self.arch]
+
+    def input_problem(self, input_shape: tuple[int, ...]) -> Optional[str]:
+        return image_shape_error(self.arch, input_shape)
+
+    def check(self, config, federation) -> None:
+        """A fine-tuned backbone standardizes itself (``data.normalization`` must be "none"); ``model.weights``
+        names a file of the architecture."""
+        options = config.model.options
+        normalization = resolve_normalization(config.data)
+        if not self.frozen(options) and normalization != "none":
+            raise UserError(
+                f"model.backbone=finetune standardizes images in [0, 1] with ImageNet's mean and std inside "
+                f"{self.arch}, so data.normalization={normalization} would standardize them twice: set "
+                "data.normalization=none"
+            )
+        path = weights_file(self.arch, options.weights)
+        if path is not None:
+            checked_state(self.arch, path)  # one line now, before anything starts, for a file of another architecture
+
+    def weights_key(self, options: Options) -> str:
+        path = weights_file(self.arch, options.weights)
+        return f"random:{RANDOM_SEED}:{torch.__version__}" if path is None else f"sha256:{file_digest(path)}"
+
+    def backbone(self, options: Options, device: str) -> nn.Module:
+        return frozen_backbone(self.arch, options.weights, device)
 
 
 @MODELS.register("resnet18")
-def resnet18(input_shape, num_classes, hidden=128, weights=None, backbone=None, head=None) -> Classifier:
+@declares(Options, ResNetFeatures("resnet18"))
+def resnet18(input_shape, num_classes, hidden=128, options: Options = Options()) -> Classifier:
     """ResNet-18 from torchvision (512 features), frozen (a head on cached features) or fine-tuned; model.weights"""
-    return build("resnet18", input_shape, num_classes, hidden, weights, backbone, head)
+    return build("resnet18", input_shape, num_classes, hidden, options)
 
 
 @MODELS.register("resnet50")
-def resnet50(input_shape, num_classes, hidden=128, weights=None, backbone=None, head=None) -> Classifier:
+@declares(Options, ResNetFeatures("resnet50"))
+def resnet50(input_shape, num_classes, hidden=128, options: Options = Options()) -> Classifier:
     """ResNet-50 from torchvision (2048 features), frozen (a head on cached features) or fine-tuned; model.weights"""
-    return build("resnet50", input_shape, num_classes, hidden, weights, backbone, head)
+    return build("resnet50", input_shape, num_classes, hidden, options)
 
 
 @MODELS.register("resnet101")
-def resnet101(input_shape, num_classes, hidden=128, weights=None, backbone=None, head=None) -> Classifier:
+@declares(Options, ResNetFeatures("resnet101"))
+def resnet101(input_shape, num_classes, hidden=128, options: Options = Options()) -> Classifier:
     """ResNet-101 from torchvision (2048 features), frozen (a head on cached features) or fine-tuned; model.weights"""
-    return build("resnet101", input_shape, num_classes, hidden, weights, backbone, head)
+    return build("resnet101", input_shape, num_classes, hidden, options)

@@ -92,7 +92,7 @@ class FADA(Method):
                 f"fada trains one target model on one target client, but the target domain has {count} clients: "
                 "pass --clients-per-domain 1"
             )
-        if getattr(config.model, "head", None) == "linear":
+        if getattr(config.model.options, "head", None) == "linear":
             raise UserError(
                 "fada splits the model into a feature generator and a classifier, and a linear head leaves the "
                 "generator no weights: pass --set model.head=mlp"
