@@ -198,6 +198,9 @@ def cmd_list() -> int:
     """Methods (with their task), benchmarks (with their domains) and models, built-in and plugins (with where
     each plugin comes from), then the recipes with their sources; what cannot be loaded is listed with the
     reason."""
+    import dataclasses
+
+    from fedsim.coercion import NoOptions
     from fedsim.config import DataConfig
     from fedsim.data.scenario import get_benchmark
     from fedsim.registry import BENCHMARKS, MECHANISMS, METHODS, MODELS, SCORES
@@ -236,6 +239,9 @@ def cmd_list() -> int:
     print("models (--set model.name=...):")
     for name in names["model"]:
         print(f"  {name:{width}s} {_first_doc_line(MODELS.get(name))}")
+        options = [f"model.{f.name}" for f in dataclasses.fields(getattr(MODELS.get(name), "Options", NoOptions))]
+        if options:
+            print(f"  {'':{width}s} options: {', '.join(options)}")
         footer(MODELS, name)
     unavailable(MODELS)
     for registry, title in (

@@ -356,8 +356,9 @@ def write_selection_report(spec: SweepSpec, records: list[dict], out: Path) -> l
     """``selection.md``, ``selection.csv`` and ``selection.png``: each ``--select`` score's pick per method, among
     the trials Tune has a config of (an interrupted sweep's trials that never started have none)."""
     from fedsim.experiments.selection import select, write_selection
+    from fedsim.experiments.sweep_space import reported_name
 
-    scores = list(spec.search.select)
+    scores = [reported_name(name) for name in spec.search.select]
     group_by, candidate_keys = selection_keys(spec)
     keys = [*group_by, *candidate_keys]
     started = [r for r in records if all(k in r["params"] for k in keys)]  # Tune has no config of a trial never run

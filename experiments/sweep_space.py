@@ -259,7 +259,15 @@ class SearchSettings:
     def metric_name(self) -> Optional[str]:
         """The reported metric of :attr:`metric_score`: ``score_<name>``."""
         score = self.metric_score
-        return None if score is None else SCORE_PREFIX + score
+        return None if score is None else SCORE_PREFIX + reported_name(score)
+
+
+def reported_name(score: str) -> str:
+    """The name a score reports its metric under, ``score_<this>``: its declared name (a plugin's dotted path
+    reports as ``score_<Score.name>``)."""
+    from fedsim.selection import SCORES
+
+    return SCORES.get(score).column()[len(SCORE_PREFIX) :]
 
 
 def settings_from_args(args, ranges: dict) -> SearchSettings:
@@ -326,7 +334,9 @@ def with_scores(config, settings: SearchSettings):
             "or give --select entropy"
         )
     asked = resolve_scores(config.run.scores, has_validation)
-    names = [name for name in SCORES if name in set(asked) | set(needed)]
+    wanted = list(dict.fromkeys([*asked, *needed]))
+    listed = list(SCORES)  # built-ins and entry points in their order, then plugins named by a dotted path
+    names = [name for name in listed if name in wanted] + [name for name in wanted if name not in listed]
     resolve_scores(names, has_validation)  # a --select score that needs the validation part says how to add it
     return dataclasses.replace(config, run=dataclasses.replace(config.run, scores=",".join(names)))
 

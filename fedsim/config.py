@@ -24,6 +24,7 @@ import yaml
 
 from fedsim.coercion import NoOptions, bare_off, build_checked, closest
 from fedsim.errors import UserError
+from fedsim.privacy.accountant import ACCOUNTANTS
 from fedsim.recipes import apply_recipe
 from fedsim.validation import validate
 
@@ -469,8 +470,8 @@ class ClientsConfig:
         )
 
 
-PRIVACY_ACCOUNTANTS: tuple[str, ...] = ("rdp", "pld")
-"""The values of ``privacy.accountant``, the default first."""
+PRIVACY_ACCOUNTANTS: tuple[str, ...] = tuple(ACCOUNTANTS)
+"""The values of ``privacy.accountant``, the default first (:data:`fedsim.privacy.accountant.ACCOUNTANTS`)."""
 DEFAULT_DELTA = 1e-5
 """``privacy.delta`` when only ``privacy.noise_multiplier`` is given: the delta the spent epsilon is reported at."""
 

@@ -68,10 +68,12 @@ class Registry(Generic[T]):
         base: Optional[str],
         expected: str,
         one_module: bool = False,
+        required: Optional[dict[str, str]] = None,
     ):
         """``group``: the entry-point group of plugins; ``base``: "module:Class" a plugin must subclass (None: any
         callable); ``expected``: what a plugin must be, in the error that refuses another object; ``one_module``:
-        ``package`` is one module holding every built-in, listed in the order they are registered."""
+        ``package`` is one module holding every built-in, listed in the order they are registered; ``required``:
+        {class attribute: what it is} a plugin must declare as a non-empty name."""
         self.kind = kind
         """What the registry holds, in messages: "method", "benchmark" or "model"."""
         self.cli_flag = cli_flag
@@ -94,6 +96,8 @@ class Registry(Generic[T]):
         """Plugin name -> where it comes from, for ``fedsim list``."""
         self.one_module = one_module
         """The built-ins all live in the module ``package`` (scores, privacy mechanisms), not one file each."""
+        self.required = dict(required or {})
+        """{class attribute: what it is} a plugin must declare as a non-empty name (a score's metric name)."""
         self._entry_points: Optional[tuple[dict[str, EntryPoint], dict[str, str]]] = None
 
     def register(self, name: str) -> Callable[[T], T]:
@@ -241,6 +245,13 @@ class Registry(Generic[T]):
         if not fits:
             shown = f"the class {obj.__name__}" if isinstance(obj, type) else f"an object of type {type(obj).__name__}"
             raise UserError(f"{what} is {shown}, not a {self.kind}: give {self.expected}")
+        for attribute, meaning in self.required.items():
+            value = getattr(obj, attribute, None)
+            if not (isinstance(value, str) and value.isidentifier()):
+                raise UserError(
+                    f'{what} declares no {attribute} ({meaning}), it has {value!r}: set {attribute} = "..." '
+                    f"(letters, digits, underscores) in the class {obj.__name__}"
+                )
         self._entries[name] = obj
         self.targets[name] = target
         self.origins[name] = origin
@@ -292,7 +303,7 @@ MODELS: Registry = Registry(
 
 SCORES: Registry = Registry(
     "score", "--set run.scores=...", "fedsim.selection.statistics", "fedsim.scores", "fedsim.selection.scores:Score",
-    "a subclass of fedsim.selection.Score", one_module=True,
+    "a subclass of fedsim.selection.Score", one_module=True, required={"name": "its metric is score_<name>"},
 )  # fmt: skip
 """The model-selection scores (``run.scores``): subclasses of :class:`fedsim.selection.Score`."""
 MECHANISMS: Registry = Registry(

@@ -1,5 +1,6 @@
-"""A method, a benchmark and a model from a package outside fedsim: by dotted path and by entry point, on both
-backends, through ``fedsim.run``, ``fedsim run`` and ``fedsim sweep``; bad plugin paths end in one line.
+"""A method, a benchmark, a model with options of its own, a selection score and a privacy mechanism from a package
+outside fedsim: by dotted path and by entry point, on both backends, through ``fedsim.run``, ``fedsim run`` and
+``fedsim sweep``; bad plugin paths end in one line.
 
 The package ``plugpkg`` is written to a temporary folder; its installed metadata (a ``*.dist-info`` folder with
 the entry points) to another one, so that a Ray worker given only the package resolves the entry-point names
@@ -29,6 +30,7 @@ REGISTRIES = (METHODS, BENCHMARKS, MODELS, SCORES, MECHANISMS)
 METHOD = "plugpkg.methods:ServerMomentum"
 BENCHMARK = "plugpkg.data:Clusters"
 MODEL = "plugpkg.nets:tiny_net"
+DEEP = "plugpkg.nets:deep_net"
 ENTRY_POINTS = {"fedsim.methods": {"momentum": METHOD}, "fedsim.benchmarks": {"clusters": BENCHMARK}}
 ENTRY_POINTS["fedsim.models"] = {"tinynet": MODEL}
 SCORE = "plugpkg.scores:TopProbability"
@@ -126,11 +128,37 @@ SOURCES = {
     "nets.py": '''
         """A small perceptron."""
 
+        from dataclasses import dataclass
+
         from torch import nn
 
+        from fedsim.errors import UserError
+        from fedsim.models import declares
         from fedsim.models.classifier import Classifier
 
         NOT_A_MODEL = 3
+
+
+        @dataclass(frozen=True)
+        class DeepOptions:
+            depth: int = 1
+            activation: str = "tanh"
+
+            def __post_init__(self):
+                if self.depth < 1:
+                    raise UserError(f"model.depth must be 1 or more, got {self.depth}")
+
+
+        @declares(DeepOptions)
+        def deep_net(input_shape, num_classes, hidden=128, options=DeepOptions()):
+            """model.depth hidden layers of model.hidden / 4 units."""
+            (dim,) = input_shape
+            width = max(4, hidden // 4)
+            act = nn.Tanh if options.activation == "tanh" else nn.ReLU
+            layers = [nn.Linear(dim, width), act()]
+            for _ in range(options.depth - 1):
+                layers += [nn.Linear(width, width), act()]
+            return Classifier(nn.Sequential(*layers), nn.Linear(width, num_classes))
 
 
         def bare_net(input_shape, num_classes, hidden=128):
@@ -160,6 +188,7 @@ SOURCES = {
 
 
         class TopProbability(Score):
+            name = "top_probability"
             description = "the target's mean largest softmax probability"
 
             def target_statistics(self, logits, log_probabilities):
@@ -168,6 +197,10 @@ SOURCES = {
             def combine(self, sources, targets):
                 rows = math.fsum(t["n_target"] for t in targets)
                 return math.fsum(t["top_probability_sum"] for t in targets) / rows
+
+
+        class Unnamed(TopProbability):
+            name = ""
     ''',
     "privacy.py": '''
         """A privacy mechanism: the Gaussian noise split evenly over the replies, accounted without sampling."""
@@ -316,6 +349,11 @@ def test_fedsim_run_on_ray_and_fedsim_list_in_a_fresh_process(folders, tmp_path)
     assert any(line.split()[:1] == ["tinynet"] and "hidden layer" in line for line in lines)
     assert f"plugin: {METHOD} (entry point of plugpkg 0.1)" in listing.stdout
     assert "domains: a, b, c" in listing.stdout
+    assert any(line.split()[:1] == ["topprob"] and "largest softmax probability" in line for line in lines)
+    assert any(line.split()[:1] == ["evensplit"] and "no amplification by sampling" in line for line in lines)
+    for target in (SCORE, MECHANISM):
+        assert f"plugin: {target} (entry point of plugpkg 0.1)" in listing.stdout
+    assert "options: model.weights, model.backbone, model.head" in listing.stdout  # the ResNets' own
     out = tmp_path / "run"
     args = ["run", "-q", "--method", "momentum", "--benchmark", "clusters", "--backend", "ray", "--out", str(out)]
     result = _fedsim(args + _flags(folders, "tinynet"), folders, tmp_path / "elsewhere", *path)
@@ -341,6 +379,39 @@ def test_an_entry_point_named_as_a_built_in_is_refused(folders, monkeypatch, tmp
             "built-in method 'fedavg': rename it in that package's entry points (group fedsim.methods)"
         ]
     assert not (tmp_path / "x").exists()
+
+
+def test_a_plugin_model_declares_its_options_and_runs_alike_on_both_backends(plugins, ray_cluster, tmp_path):
+    deep = {"model.name": DEEP, "model.depth": 2, "model.activation": "relu"}
+    local = fedsim.run(method=METHOD, benchmark=BENCHMARK, out=tmp_path / "local", **settings(plugins, **deep))
+    ray = fedsim.run(method=METHOD, benchmark=BENCHMARK, backend="ray", **settings(plugins, **deep))
+    assert_same_results(local, ray, ("target_accuracy", "source_accuracy", "bytes_sent", "bytes_received"))
+    assert local.global_tensors["encoder.2.weight"].shape == (8, 8) and "encoder.4.weight" not in local.global_tensors
+    written = load_config(tmp_path / "local" / "config.yaml", values={"run.progress": False})
+    assert written.to_dict()["model"] == {"name": DEEP, "hidden": 32, "depth": 2, "activation": "relu"}
+    assert type(written.model.options).__name__ == "DeepOptions" and written.model.options.depth == 2
+    one = fedsim.run(method=METHOD, benchmark=BENCHMARK, **settings(plugins, **{"model.name": DEEP}))
+    assert "encoder.2.weight" not in one.global_tensors  # the option reached the model: one layer by default
+
+
+def test_fedsim_sweep_runs_a_plugin_score_mechanism_and_model_with_options(plugins, ray_cluster, tmp_path):
+    """``--select`` a score named by its dotted path: every trial reports it under its declared name, and the
+    selection report reads it there."""
+    out = tmp_path / "sweep"
+    flags = ["--methods", METHOD, "--benchmark", BENCHMARK, "--seeds", "1", "--out", str(out), "--select", SCORE]
+    extended = {**EXTENDED, "run.scores": "entropy", "model.name": DEEP, "model.depth": 2}
+    flags += ["--rounds", "1"] + [arg for key, value in extended.items() for arg in ("--set", f"{key}={value}")]
+    assert main(["sweep", "-q"] + flags + _flags(plugins)[6:]) == 0
+    (row,) = list(csv.DictReader((out / "results.csv").open()))
+    assert row["status"] == "finished", row
+    assert 1 / 3 <= float(row["score_top_probability"]) <= 1 and float(row["score_entropy"]) == float(
+        row["score_entropy"]
+    )
+    local = fedsim.run(
+        method=METHOD, benchmark=BENCHMARK, **{**settings(plugins, **extended), "rounds": 1}
+    ).summary  # fmt: skip
+    assert float(row["target_accuracy"]) == pytest.approx(local["target_accuracy"], abs=1e-9)
+    assert "top_probability" in (out / "selection.md").read_text()
 
 
 def test_fedsim_sweep_runs_a_plugin_method(plugins, ray_cluster, tmp_path):
@@ -374,6 +445,18 @@ BAD = [
         "returned an object of type Linear, not a fedsim.models.Classifier",
     ),
     (["--set", f"run.scores={MODEL}"], f"score '{MODEL}' is an object of type function, not a score: give a subclass"),
+    (
+        ["--set", "run.scores=plugpkg.scores:Unnamed"],
+        "score 'plugpkg.scores:Unnamed' declares no name (its metric is score_<name>), it has '': set name = ",
+    ),
+    (
+        ["--set", f"run.scores={SCORE},topprob"],
+        "selection scores 'plugpkg.scores:TopProbability' and 'topprob' both report score_top_probability",
+    ),
+    (["--set", f"model.name={DEEP}", "--set", "model.dept=2"], f"'model.dept' for model '{DEEP}' (its own keys: depth"),
+    (["--set", f"model.name={DEEP}", "--set", "model.depth=0"], "model.depth must be 1 or more, got 0"),
+    (["--set", f"model.name={DEEP}", "--set", "model.depth=two"], "model.depth"),
+    (["--set", "model.depth=2"], "unknown config key 'model.depth' for model 'auto' (it has no keys of its own)"),
     (
         ["--set", f"privacy.mode={SCORE}", "--set", "privacy.noise_multiplier=1", "--set", "privacy.clip=1"],
         f"privacy mechanism '{SCORE}' is the class TopProbability, not a privacy mechanism",
@@ -455,12 +538,13 @@ def test_a_plugin_score_and_mechanism_run_alike_on_both_backends(plugins, ray_cl
     local = fedsim.run(method=METHOD, benchmark=BENCHMARK, **settings(plugins, **EXTENDED))
     by_name = {**EXTENDED, "run.scores": "entropy,topprob", "privacy.mode": "evensplit"}
     ray = fedsim.run(method=METHOD, benchmark=BENCHMARK, backend="ray", **settings(plugins, **by_name))
-    for result, column in ((local, "score_topprobability"), (ray, "score_topprob")):
+    for result in (local, ray):  # one metric, score_<Score.name>, whichever way the score is named
         last = result.history[-1]
-        assert 1 / 3 <= last[column] <= 1 and "score_entropy" in last
+        assert 1 / 3 <= last["score_top_probability"] <= 1 and "score_entropy" in last
+        assert not [key for key in last if key.startswith("score_top") and key != "score_top_probability"]
         # no sampling amplification: two rounds of one Gaussian exchange at z = 1
         assert last["privacy_epsilon"] == pytest.approx(spent_epsilon([(1.0,)] * 2, 1.0, 1e-5))
-    assert ray.history[-1]["score_topprob"] == local.history[-1]["score_topprobability"]
+    assert ray.history[-1]["score_top_probability"] == local.history[-1]["score_top_probability"]
     assert ray.history[-1]["target_accuracy"] == local.history[-1]["target_accuracy"]
 
 

@@ -10,6 +10,7 @@ composes its rounds. The accountant is Renyi DP (Mironov, CSF 2017) by default, 
 from __future__ import annotations
 
 import contextlib
+import importlib
 import logging
 from collections import Counter
 from typing import Callable, Iterator, Sequence
@@ -64,16 +65,15 @@ def run_event(rounds: Sequence[Rates], noise_multiplier: float, event: Event = e
     )
 
 
+ACCOUNTANTS: dict[str, str] = {"rdp": "dp_accounting.rdp:RdpAccountant", "pld": "dp_accounting.pld:PLDAccountant"}
+"""``privacy.accountant`` -> the dp_accounting class ("module:Class") counting the privacy spent, the default first:
+Renyi DP at its default orders, or privacy loss distributions. The module is imported when the accountant is made."""
+
+
 def make_accountant(kind: str):
-    """A fresh accountant: "rdp" (``dp_accounting.rdp.RdpAccountant``, its default orders) or "pld"
-    (``dp_accounting.pld.PLDAccountant``)."""
-    if kind == "pld":
-        from dp_accounting.pld import PLDAccountant
-
-        return PLDAccountant()
-    from dp_accounting.rdp import RdpAccountant
-
-    return RdpAccountant()
+    """A fresh accountant of :data:`ACCOUNTANTS` (``privacy.accountant``)."""
+    module, _, name = ACCOUNTANTS[kind].partition(":")
+    return getattr(importlib.import_module(module), name)()
 
 
 def spent_epsilon(

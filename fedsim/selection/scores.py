@@ -40,13 +40,16 @@ class Score:
     """It weighs the validation rows by the density ratio w = p_target / p_source (one more exchange)."""
     cheap: ClassVar[bool] = False
     """A built-in that "auto" computes whenever its inputs exist."""
+    name: ClassVar[str] = ""
+    """Its metric's name, ``score_<name>``, the same whichever way the score is named in ``run.scores``: a plugin
+    must declare it; a built-in's is the name it is registered under."""
     registry_name: ClassVar[str] = ""
     """The name it is registered under (set by the registry)."""
 
     @classmethod
     def column(cls) -> str:
-        """Its metric, ``score_<name>``: the registered name, or a dotted path's class name in lower case."""
-        return "score_" + cls.registry_name.rpartition(":")[2].lower()
+        """Its metric, ``score_<name>``."""
+        return "score_" + (cls.name or cls.registry_name)
 
     def source_statistics(self, logits: np.ndarray, labels: np.ndarray, losses: np.ndarray, log_weights) -> dict:
         """A source's sums, from its validation rows' logits [n, K] (float64), integer labels [n], cross-entropies
@@ -113,7 +116,15 @@ def resolve_scores(requested: Union[str, Sequence[str]], has_validation: bool) -
                 f"selection score {name!r} needs the sources' held-out validation part, which this run does not "
                 f"hold: add {VALIDATION_FIX}"
             )
-    return tuple(dict.fromkeys(names))
+    names = list(dict.fromkeys(names))
+    columns: dict[str, str] = {}
+    for name in names:
+        other = columns.setdefault(SCORES.get(name).column(), name)
+        if other != name:
+            raise UserError(
+                f"selection scores {other!r} and {name!r} both report {SCORES.get(name).column()}: keep one of them"
+            )
+    return tuple(names)
 
 
 def checked_scores(scores: Sequence[str]) -> list[Score]:
