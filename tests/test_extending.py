@@ -1,10 +1,12 @@
 """docs/extending.md as written: its blocks, saved as the package ``mypkg``, run through fedsim.
 
-The method, the benchmark and the model are found by their dotted paths (the package importable) and, through
-the entry points of the page's pyproject.toml, by their short names on the command line.
+The method, the benchmark, the model, the score and the privacy mechanism are found by their dotted paths (the
+package importable) and, through the entry points of the page's pyproject.toml, by their short names on the command
+line.
 """
 
 import json
+import math
 import os
 import re
 import shlex
@@ -68,7 +70,7 @@ def package(tmp_path, monkeypatch):
 
 def test_the_method_example_is_short_and_complete(package):
     code = example("method")
-    assert len([line for line in code.splitlines() if line.strip()]) < 45  # a complete method, formatted
+    assert len([line for line in code.splitlines() if line.strip()]) < 50  # a complete method, formatted
     from mypkg.methods import FedAvgM
 
     assert FedAvgM.operations == {"fit", "evaluate"}
@@ -117,30 +119,76 @@ def test_the_command_line_example_runs_by_entry_points_and_dotted_paths(tmp_path
         if words[1] == "list":
             assert re.search(r"^\s*fedavgm\s+classification\s+FedAvgM \(Hsu et al. 2019\)", result.stdout, re.M)
             assert re.search(r"^\s*blobs\s+classification\s+Gaussian blobs", result.stdout, re.M)
+            assert re.search(r"^\s*wide_mlp\s+model.layers hidden layers", result.stdout, re.M)
+            assert re.search(r"^\s+options: model.layers$", result.stdout, re.M)
+            assert re.search(r"^\s*top_probability\s+the target's mean largest softmax", result.stdout, re.M)
+            assert re.search(r"^\s*even_split\s+Gaussian noise of std z C / sqrt\(m\)", result.stdout, re.M)
         else:
             summary = json.loads((tmp_path / f"run{number}" / "summary.json").read_text())
             assert 0.5 < summary["target_accuracy"] <= 1.0, summary
 
 
-def test_the_score_and_mechanism_examples_run_with_the_guide_s_benchmark_and_model(package):
-    """The page's score and privacy mechanism, on its benchmark and model, with FedAvg."""
+GUIDE = {"model.name": "mypkg.nets:wide_mlp", "run.tensorboard": False}
+PRIVACY = {"privacy.mode": "mypkg.privacy:EvenSplit", "privacy.noise_multiplier": 1.0, "privacy.clip": 5.0}
+
+
+def test_the_guide_s_method_reports_the_scores_with_privacy_on(package):
+    """The page's FedAvgM calls the selection hook: run.scores=auto reports score_*, here with its privacy
+    mechanism on."""
     import fedsim
 
     result = fedsim.run(
-        method="fedavg",
+        method="mypkg.methods:FedAvgM",
         benchmark="mypkg.data:Blobs",
         rounds=1,
-        set={
-            "model.name": "mypkg.nets:wide_mlp",
-            "run.tensorboard": False,
-            "run.scores": "entropy,mypkg.scores:TopProbability",
-            "privacy.mode": "mypkg.privacy:EvenSplit",
-            "privacy.noise_multiplier": 1.0,
-            "privacy.clip": 5.0,
-        },
+        set={**GUIDE, **PRIVACY, "run.scores": "auto"},
     )
-    last = result.history[-1]
-    assert 0 < last["score_topprobability"] <= 1 and "score_entropy" in last and last["privacy_epsilon"] > 0
+    from fedsim.selection import SCORES, resolve_scores
+
+    scores = {k: v for k, v in result.summary.items() if k.startswith("score_")}
+    assert set(scores) == {SCORES.get(n).column() for n in resolve_scores("auto", False)} >= {"score_entropy"}
+    assert all(isinstance(v, float) and math.isfinite(v) for v in scores.values()), scores
+    assert result.history[-1]["privacy_epsilon"] > 0
+
+
+def test_the_guide_s_score_reports_under_its_name_with_the_guide_s_method(package):
+    import fedsim
+
+    result = fedsim.run(
+        method="mypkg.methods:FedAvgM",
+        benchmark="mypkg.data:Blobs",
+        rounds=1,
+        set={**GUIDE, "run.scores": "entropy,mypkg.scores:TopProbability"},
+    )
+    summary = result.summary
+    assert 1 / 3 <= summary["score_top_probability"] <= 1 and math.isfinite(summary["score_entropy"]), summary
+
+
+def test_the_guide_s_method_copes_with_sources_that_drop_out(package):
+    import fedsim
+
+    result = fedsim.run(
+        method="mypkg.methods:FedAvgM",
+        benchmark="mypkg.data:Blobs",
+        rounds=3,
+        set={**GUIDE, "clients.dropout": 0.5, "run.scores": "none"},
+    )
+    assert result.summary["rounds"] == 3 and 0 <= result.summary["target_accuracy"] <= 1
+
+
+def test_the_guide_s_model_option_reaches_the_model(package):
+    import fedsim
+    from fedsim.errors import UserError
+
+    config = fedsim.make_config(method="fedavg", benchmark="mypkg.data:Blobs", set={**GUIDE, "model.layers": 3})
+    from fedsim.models import build_model
+
+    model = build_model(config.model, (8,), 3)
+    assert config.model.options.layers == 3 and len(model.encoder) == 6
+    with pytest.raises(UserError, match=r"model.layers must be 1 or more, got 0"):
+        fedsim.make_config(method="fedavg", benchmark="mypkg.data:Blobs", set={**GUIDE, "model.layers": 0})
+    with pytest.raises(UserError, match=r"unknown config key 'model.layer' for model .*: did you mean 'layers'"):
+        fedsim.make_config(method="fedavg", benchmark="mypkg.data:Blobs", set={**GUIDE, "model.layer": 3})
 
 
 def test_the_guide_s_method_declares_its_privacy_exchanges(package):
