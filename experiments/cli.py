@@ -194,13 +194,20 @@ def _first_doc_line(obj) -> str:
     return doc.splitlines()[0] if doc else ""
 
 
+def _model_options(model, width: int) -> str:
+    """A line naming a model's own ``model.<option>`` keys (its ``Options``), after a newline; "" without."""
+    import dataclasses
+
+    from fedsim.coercion import NoOptions
+
+    options = [f"model.{f.name}" for f in dataclasses.fields(getattr(model, "Options", NoOptions))]
+    return f"\n  {'':{width}s} options: {', '.join(options)}" if options else ""
+
+
 def cmd_list() -> int:
     """Methods (with their task), benchmarks (with their domains) and models, built-in and plugins (with where
     each plugin comes from), then the recipes with their sources; what cannot be loaded is listed with the
     reason."""
-    import dataclasses
-
-    from fedsim.coercion import NoOptions
     from fedsim.config import DataConfig
     from fedsim.data.scenario import get_benchmark
     from fedsim.registry import BENCHMARKS, MECHANISMS, METHODS, MODELS, SCORES
@@ -238,10 +245,7 @@ def cmd_list() -> int:
     unavailable(BENCHMARKS)
     print("models (--set model.name=...):")
     for name in names["model"]:
-        print(f"  {name:{width}s} {_first_doc_line(MODELS.get(name))}")
-        options = [f"model.{f.name}" for f in dataclasses.fields(getattr(MODELS.get(name), "Options", NoOptions))]
-        if options:
-            print(f"  {'':{width}s} options: {', '.join(options)}")
+        print(f"  {name:{width}s} {_first_doc_line(MODELS.get(name))}{_model_options(MODELS.get(name), width)}")
         footer(MODELS, name)
     unavailable(MODELS)
     for registry, title in (

@@ -7,7 +7,6 @@ order in which clients run, on how many actors there are, or on the backend.
 
 from __future__ import annotations
 
-import random
 import zlib
 from typing import TYPE_CHECKING
 
@@ -47,12 +46,3 @@ def torch_generator(root: int, *parts) -> torch.Generator:
     generator = torch.Generator()
     generator.manual_seed(derive_seed(root, *parts))
     return generator
-
-
-def seed_everything(seed: int) -> None:
-    """Seed the global generators (for code outside fedsim that draws from them)."""
-    import torch
-
-    random.seed(seed)
-    np.random.seed(seed % (1 << 32))
-    torch.manual_seed(seed)

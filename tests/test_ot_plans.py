@@ -2,7 +2,7 @@
 
 The fast path (:func:`fedsim.ot.barycenter.labeled_barycenter`) keeps an exact plan of equal sizes as its
 permutation, builds costs from cached squared norms and skips atoms with alpha_k = 0 in the fixed-point
-iterations; :func:`fedsim.ot.reference.reference_barycenter` is the dense transcription (``joint_cost``,
+iterations; :func:`tools.ot_reference.reference_barycenter` is the dense transcription (``joint_cost``,
 ``transport_plan`` for every atom, dense products). Both must pick the same permutations, ties included, and give
 the same bits; on problems without ties the permutations are also POT's network simplex's (``ot.emd``).
 """
@@ -14,10 +14,10 @@ import ot
 import pytest
 import torch
 
-from fedsim.ot import reference
 from fedsim.ot.barycenter import Assignment, barycenter_plans, labeled_barycenter, squared_distances, squared_norms
-from fedsim.ot.reference import reference_barycenter, reference_plans
 from fedsim.ot.wasserstein import assignment, assignment_plan, joint_cost, transport_plan
+from tools import ot_reference as reference
+from tools.ot_reference import reference_barycenter, reference_plans
 
 f32, f64 = torch.float32, torch.float64
 

@@ -24,7 +24,7 @@ loss: the iterations skip that atom, and its plan is solved once, from the last 
 update carries a gradient (d X_B / d alpha_k = n_B pi_k X_k). ``threads`` > 1 solves the atoms of an iteration in
 that many threads: scipy's assignment releases the GIL (K = 5 solves of n = 500 took 38 ms in two threads against
 64 ms in one on a 2-core machine with a core to spare), but with every core busy (a protocol runs two trials on two
-cores) the threads only add their overhead, so the default is one. :mod:`fedsim.ot.reference` holds the dense
+cores) the threads only add their overhead, so the default is one. tools/ot_reference.py holds the dense
 transcription these plans are tested and timed against.
 """
 
@@ -114,7 +114,8 @@ def squared_distances(x, y, x2, y2, nx=None) -> torch.Tensor:
     return nx.maximum(c, 0)
 
 
-def _check_atoms(atoms_x, atoms_y, alpha):
+def check_atoms(atoms_x, atoms_y, alpha):
+    """Raise ValueError for atoms or weights :func:`labeled_barycenter` cannot take."""
     if len(atoms_x) == 0:
         raise ValueError("labeled_barycenter needs at least one atom")
     for k, x in enumerate(atoms_x):
@@ -142,7 +143,7 @@ def _check_atoms(atoms_x, atoms_y, alpha):
     check_weights(alpha.detach(), len(atoms_x), atoms_x[0], "alpha", tol=tol)
 
 
-def _normalized(alpha: torch.Tensor) -> torch.Tensor:
+def normalized(alpha: torch.Tensor) -> torch.Tensor:
     """``alpha`` renormalized in float64 when its sum misses 1 by more than the ``WEIGHT_TOL`` that weights are
     used within as they are (those keep their bits and their exact gradient); only computed float32 weights get
     this far (``rounding_tolerance``)."""
@@ -152,7 +153,7 @@ def _normalized(alpha: torch.Tensor) -> torch.Tensor:
     return renormalized(alpha) if gap > WEIGHT_TOL else alpha
 
 
-def _initial_support(atoms_x, atoms_y, n_support, init):
+def initial_support(atoms_x, atoms_y, n_support, init):
     """Default init: the first atom's points (rows resampled evenly when n_support differs)."""
     if init is not None:
         xb, yb = init if isinstance(init, (tuple, list)) else (init, None)
@@ -216,8 +217,8 @@ def labeled_barycenter(
 def barycenter_plans(atoms_x, atoms_y, alpha, n_support, n_iter, tol, beta, solver, reg, init, threads=1):
     """(alpha as used, the plans n_B pi_k of the last fixed-point iteration) of :func:`labeled_barycenter`: an
     :class:`Assignment` or a dense matrix per atom, None for an atom with alpha_k = 0 when no gradient is taken."""
-    _check_atoms(atoms_x, atoms_y, alpha)
-    alpha = _normalized(alpha)
+    check_atoms(atoms_x, atoms_y, alpha)
+    alpha = normalized(alpha)
     if n_iter < 1:
         raise ValueError(f"n_iter must be >= 1, got {n_iter}")
     if beta is not None and beta < 0:
@@ -225,7 +226,7 @@ def barycenter_plans(atoms_x, atoms_y, alpha, n_support, n_iter, tol, beta, solv
     if int(threads) < 1:
         raise ValueError(f"threads must be >= 1, got {threads}")
     atoms = _Atoms(atoms_x, atoms_y, beta, solver, reg)
-    support = atoms.support(*_initial_support(atoms_x, atoms_y, n_support, init))
+    support = atoms.support(*initial_support(atoms_x, atoms_y, n_support, init))
     for k in range(len(atoms.x)):  # every atom against the support, those with alpha_k = 0 included
         atoms.check(k, support)
     active = [k for k, a in enumerate(alpha.detach().tolist()) if a != 0]

@@ -17,7 +17,7 @@ dictionary round in OT, most of it in scipy's assignment.
 
 Then, on ``--steps`` of the run's own DiL steps (the inputs of ``dil_loss``, drawn evenly over the run), it times
 one step (the barycenter B(alpha; P) of Cuturi & Doucet's fixed point with DaDiL's labels, W_c to the client's
-batch, DaDiL Eq. 9, and the backward pass) with the dense reference (``fedsim.ot.reference``: a dense plan and
+batch, DaDiL Eq. 9, and the backward pass) with the dense reference (``tools.ot_reference``: a dense plan and
 product for every atom at every iteration) and with ``labeled_barycenter`` (plans as permutations), checks that
 both give the same loss and gradients bit for bit, and prints the time per step of each.
 
@@ -181,7 +181,7 @@ def compare_steps(problems: list, repeats: int) -> None:
 
     from fedsim.ot import wasserstein
     from fedsim.ot.barycenter import labeled_barycenter
-    from fedsim.ot.reference import reference_barycenter
+    from tools.ot_reference import reference_barycenter
 
     paths = {"dense reference": reference_barycenter, "labeled_barycenter": labeled_barycenter}
     times, solves = {name: [] for name in paths}, {name: 0 for name in paths}

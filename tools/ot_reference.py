@@ -1,4 +1,4 @@
-"""The dense reference of the labeled barycenter, kept for its tests and its benchmark only.
+"""The dense reference of the labeled barycenter, for its tests and its benchmark (outside the installed package).
 
 The fixed point of Cuturi & Doucet (ICML 2014, Alg. 2) with DaDiL's labels (Montesuma et al., 2023, Alg. 1 /
 Eq. 7) written as the equations read: every iteration builds each C_k with ``joint_cost`` (``ot.dist``), solves
@@ -13,7 +13,7 @@ from typing import Optional
 
 import torch
 
-from fedsim.ot.barycenter import _check_atoms, _initial_support, _normalized
+from fedsim.ot.barycenter import check_atoms, initial_support, normalized
 from fedsim.ot.wasserstein import joint_cost, transport_plan
 
 
@@ -21,11 +21,11 @@ def reference_plans(
     atoms_x, atoms_y, alpha, n_support=None, n_iter=10, tol=1e-6, beta=1.0, solver="emd", reg=0.01, init=None
 ):
     """(alpha as used, the dense plans n_B pi_k of the last iteration) of :func:`reference_barycenter`."""
-    _check_atoms(atoms_x, atoms_y, alpha)
-    alpha = _normalized(alpha)
+    check_atoms(atoms_x, atoms_y, alpha)
+    alpha = normalized(alpha)
     if n_iter < 1:
         raise ValueError(f"n_iter must be >= 1, got {n_iter}")
-    xb, yb = _initial_support(atoms_x, atoms_y, n_support, init)
+    xb, yb = initial_support(atoms_x, atoms_y, n_support, init)
     labeled = atoms_y is not None
     plans, last_loss = None, None
     with torch.no_grad():
