@@ -86,4 +86,6 @@ def test_a_bad_value_gives_one_clear_user_error(keywords, expected):
 
 def test_commands_are_wired_to_the_installed_package():
     assert COMMANDS["reproduce"] == "fedsim.experiments.reproduce" and "diagnose" not in COMMANDS
-    assert {"run", "sweep", "reproduce", "report", "list", "data"} == set(build_parser()._subparsers._group_actions[0].choices)
+    assert {"run", "sweep", "reproduce", "report", "list", "data"} == set(
+        build_parser()._subparsers._group_actions[0].choices
+    )
