@@ -472,6 +472,8 @@ class ClientsConfig:
 
 PRIVACY_ACCOUNTANTS: tuple[str, ...] = tuple(ACCOUNTANTS)
 """The values of ``privacy.accountant``, the default first (:data:`fedsim.privacy.accountant.ACCOUNTANTS`)."""
+PRIVACY_UNITS = ("client", "record")
+"""The values of ``privacy.unit``, the default first."""
 DEFAULT_DELTA = 1e-5
 """``privacy.delta`` when only ``privacy.noise_multiplier`` is given: the delta the spent epsilon is reported at."""
 
@@ -506,6 +508,10 @@ class PrivacyConfig:
     accountant: str = "rdp"
     """How the spent budget is counted: "rdp" (Renyi DP, Mironov 2017) or "pld" (privacy loss distributions),
     both from Google's dp_accounting."""
+    unit: str = "client"
+    """What one unit of privacy is: "client", one client's whole data in every exchange (the noise on its replies,
+    as above); "record", one training record, protected by DP-SGD inside each client's local training
+    (:mod:`fedsim.privacy.dpsgd`: per-example clipping to ``clip``, Gaussian noise, Poisson-sampled batches)."""
 
     @property
     def active(self) -> bool:
@@ -565,6 +571,15 @@ class PrivacyConfig:
                 (
                     self.accountant in PRIVACY_ACCOUNTANTS,
                     f"privacy.accountant must be one of {', '.join(PRIVACY_ACCOUNTANTS)}, got {self.accountant!r}",
+                ),
+                (
+                    self.unit in PRIVACY_UNITS,
+                    f"privacy.unit must be one of {', '.join(PRIVACY_UNITS)}, got {self.unit!r}",
+                ),
+                (
+                    self.unit != "record" or (stage_clip is None and not self.stages and self.mode == "central"),
+                    "privacy.stage_clip, privacy.stages and privacy.mode choose how replies are noised, which "
+                    "privacy.unit=record does not do (DP-SGD noises each client's gradient steps): leave them out",
                 ),
             ]
         )

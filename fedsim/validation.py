@@ -45,6 +45,9 @@ def check_privacy(config) -> None:
             "pip install -c constraints.txt dp-accounting"
         )
     exchanges = method_exchanges(config)
+    if privacy.unit == "record":
+        check_record_privacy(config, exchanges)
+        return
     training = ", ".join(exchanges.default_stages)
     for stage in privacy.stages:
         where = f"privacy.stages names {stage!r}"
@@ -68,6 +71,23 @@ def check_privacy(config) -> None:
         raise UserError(
             f"privacy.stage_clip names {', '.join(unknown)}, not a noised stage of method {name!r}: use "
             f"{', '.join(noised)}"
+        )
+
+
+def check_record_privacy(config, exchanges) -> None:
+    """With ``privacy.unit=record``: the method's local update is DP-SGD's and no stage sends records' values
+    (:meth:`fedsim.privacy.Exchanges.record_refusal`), and its clients train one by one (per-example gradients)."""
+    name = config.method.name
+    why = exchanges.record_refusal()
+    if why:
+        raise UserError(
+            f"privacy.unit=record cannot apply to method {name!r}: {why}; use privacy.unit=client, or a method of "
+            "the FedAvg family (fedavg, fedprox)"
+        )
+    if config.resources.vectorize != "off":
+        raise UserError(
+            "privacy.unit=record trains each client with DP-SGD's per-example gradients, not batched across "
+            "clients: set resources.vectorize=off"
         )
 
 

@@ -11,6 +11,10 @@ batch norms and poolings after them keep and the CPU kernels run faster than tor
 Weights leave a model C-ordered all the same (the methods send numpy copies of its state dict) and keep the model's
 layout when loaded back.
 
+Under record-level privacy (``privacy.unit=record``) every batch norm of the model is replaced by a group norm
+(``build_model(..., group_norm=True)``, as Opacus' ``ModuleValidator.fix`` does): DP-SGD's per-example gradients
+need layers that normalize each example on its own.
+
 A model function may declare its own options (:func:`declares`): a frozen dataclass ``Options`` whose fields are
 ``model.<field>`` keys, checked when the config is built, the function getting the instance as ``options``; and a
 :class:`ModelInputs`, what it does to the clients' inputs before any method sees them (the ResNets of
@@ -28,6 +32,7 @@ import torch
 from fedsim.coercion import NoOptions
 from fedsim.errors import UserError
 from fedsim.models.classifier import Classifier
+from fedsim.models.normalization import replace_batch_norm
 from fedsim.registry import MODELS
 
 F = TypeVar("F", bound=Callable)
@@ -66,7 +71,9 @@ def model_inputs(model_config) -> ModelInputs:
     return getattr(MODELS.get(model_config.name), "inputs", None) or ModelInputs()
 
 
-def build_model(model_config, input_shape: tuple[int, ...], num_classes: int) -> Classifier:
+def build_model(model_config, input_shape: tuple[int, ...], num_classes: int, group_norm: bool = False) -> Classifier:
+    """The configured model; with ``group_norm`` (``privacy.unit=record``) its batch norms are replaced by group
+    norms (:func:`fedsim.models.normalization.replace_batch_norm`), as DP-SGD's per-example gradients need."""
     name = model_config.name
     if name == "auto":
         if len(input_shape) == 3:
@@ -95,6 +102,8 @@ def build_model(model_config, input_shape: tuple[int, ...], num_classes: int) ->
             f"model {name!r} returned an object of type {type(model).__name__}, not a fedsim.models.Classifier: "
             "return Classifier(encoder, head) (fedsim.models.classifier)"
         )
+    if group_norm:
+        replace_batch_norm(model)
     return model.to(memory_format=torch.channels_last) if len(input_shape) == 3 else model
 
 

@@ -31,6 +31,10 @@ SETUP_STAGES = frozenset({"data_stats", "data_standardize"})
 """The data standardization run before round 1 (:mod:`fedsim.data.normalization`): never noised."""
 
 
+NO_DP_SGD = "its local update is not declared to be DP-SGD steps of the shared training loop"
+"""Why a method's exchanges do not admit ``privacy.unit=record`` unless they say otherwise."""
+
+
 @dataclass(frozen=True)
 class Stage:
     """One training exchange of a method."""
@@ -47,6 +51,9 @@ class Stage:
     """A standardization of the encoded features: never noised, as the data's own standardization."""
     integers: str = ""
     """The integer tensors it sends, which noise cannot protect (a stage that sends some is refused)."""
+    records: str = ""
+    """The values of single records it sends (one feature vector per row, say), which DP-SGD inside the sender's
+    training does not bound: a stage that sends some is refused under ``privacy.unit=record``."""
 
 
 @dataclass(frozen=True)
@@ -58,6 +65,21 @@ class Exchanges:
     calls: Callable[[int, Any], tuple[tuple[str, bool], ...]]
     """``calls(round, method)``: the (operation, sampled) of every call of that round whose replies carry float
     tensors, in order, repeats included; ``sampled``: ``run.clients_per_round`` draws its senders."""
+    record_level: str = NO_DP_SGD
+    """Why ``privacy.unit=record`` cannot apply to the method; empty when every local step is a step of the shared
+    training loop (:meth:`fedsim.methods.common.classifier.GlobalClassifier.train`), which runs DP-SGD, and the
+    stages send nothing but what those steps computed."""
+
+    def record_refusal(self) -> str:
+        """Why ``privacy.unit=record`` cannot apply (empty: it can): a stage that sends records' values, or
+        :attr:`record_level`."""
+        for stage in self.stages:
+            if stage.records:
+                return (
+                    f"its {stage.operation!r} exchange sends {stage.records}, values of single records that DP-SGD "
+                    "does not bound"
+                )
+        return self.record_level
 
     def stage(self, operation: str) -> Stage:
         return next(s for s in self.stages if s.operation == operation)
@@ -72,10 +94,11 @@ class Exchanges:
         return tuple(s.operation for s in self.stages if not s.setup)
 
 
-def _fit(sends: str, sampled: bool = True) -> Exchanges:
-    """One ``fit`` per round, its replies averaged by sample count (FedAvg, FedProx, FedBN, FedRep)."""
+def _fit(sends: str, sampled: bool = True, record_level: str = "") -> Exchanges:
+    """One ``fit`` per round, its replies averaged by sample count (FedAvg, FedProx, FedBN, FedRep); its local
+    update runs DP-SGD under ``privacy.unit=record`` unless ``record_level`` says why not."""
     stage = Stage("fit", SOURCES, sends, WEIGHTED)
-    return Exchanges((stage,), lambda rnd, method: (("fit", sampled),))
+    return Exchanges((stage,), lambda rnd, method: (("fit", sampled),), record_level)
 
 
 MODEL_UPDATE = (
@@ -93,6 +116,7 @@ def _feature_alignment(config) -> Exchanges:
         f"encoded features of {batch} of its unlabeled training inputs ({batch} x model.hidden), the encoder's output "
         "for the target's own rows: the data's features, sent on to every source",
         EACH,
+        records=f"the target's encoded features, one vector per unlabeled row ({batch} rows)",
     )
     fit = Stage("fit", SOURCES, MODEL_UPDATE, WEIGHTED)
     return Exchanges((features, fit), lambda rnd, method: (("features", False), ("fit", False)))
@@ -112,6 +136,7 @@ def _fada(config) -> Exchanges:
             f"G_t's features of {p.target_batch} of its unlabeled inputs ({p.target_batch} x feature width): the "
             "data's features, sent on to every source",
             EACH,
+            records=f"G_t's features of the target's rows, one vector per row ({p.target_batch} rows)",
         ),
         Stage(
             "adversarial",
@@ -119,6 +144,7 @@ def _fada(config) -> Exchanges:
             f"the gradient of the confusion loss w.r.t. the target features ({p.target_batch} x feature width), and "
             f"{delta} at the last step when disentanglement is off",
             EACH,
+            records="the confusion loss's gradient at each of the target's feature rows",
         ),
         Stage("align", TARGETS, "no tensor (a gradient norm, as a metric)", EACH),
         Stage("disentangle", SOURCES, delta, EACH),
@@ -166,6 +192,7 @@ def _feddadil(config) -> Exchanges:
             f"its version of {rows}: features (K x rows x d, in the data's own space, or the frozen encoder's) and "
             "label logits (K x rows x C, floats: soft labels), clipped as their difference from the rows sent",
             combined,
+            records="atom rows fitted to its encoded batches of records (synthetic rows in the data's space)",
         ),
     )
 
@@ -190,11 +217,15 @@ EXCHANGES: dict[str, Callable[[Any], Exchanges]] = {
     "fedprox": lambda config: _fit(MODEL_UPDATE),
     "fedbn": lambda config: _fit(
         "the model after its local epochs without its batch-norm layers (they stay on the source), clipped as its "
-        "difference from the global model; not in the data's space"
+        "difference from the global model; not in the data's space",
+        record_level="its batch-norm layers are what it keeps on each source, and record-level DP-SGD replaces "
+        "batch norm with group norm (per-example gradients): it would be FedAvg",
     ),
     "fedrep": lambda config: _fit(
         "the representation after the head's and the representation's epochs (the model without its head, which "
-        "stays on the source), clipped as its difference from the global one; not in the data's space"
+        "stays on the source), clipped as its difference from the global one; not in the data's space",
+        record_level="its head's and representation's epochs are a training loop of its own, whose steps the "
+        "record-level accountant does not plan",
     ),
     "feddann": _feature_alignment,
     "fedmmd": _feature_alignment,

@@ -32,6 +32,7 @@ import numpy as np
 from fedsim.errors import UserError
 from fedsim.messages import Instruction, Reply
 from fedsim.privacy.accountant import Ledger, Rates, calibrate_noise_multiplier, spent_epsilon
+from fedsim.privacy.dpsgd import RecordPlan, record_plan
 from fedsim.privacy.exchanges import Exchanges, Stage, method_exchanges, population, sample_size
 from fedsim.privacy.mechanism import float_names, make_mechanism, unnoisable, update_reference
 from fedsim.registry import MECHANISMS
@@ -39,8 +40,17 @@ from fedsim.seeding import numpy_rng
 
 log = logging.getLogger(__name__)
 
-PRIVACY_SUMMARY_KEYS = ("privacy_epsilon", "privacy_delta", "privacy_noise_multiplier")
+PRIVACY_SUMMARY_KEYS = (
+    "privacy_epsilon",
+    "privacy_delta",
+    "privacy_noise_multiplier",
+    "privacy_epsilon_clients",
+    "privacy_noise_multipliers",
+)
 """The round metrics that ``summary.json`` carries from the last round."""
+RUNNING_VARIANCE_FLOOR = 1e-2
+"""What a batch-norm running variance is clamped to after the noise when it falls below (a noised variance can be
+negative, and the model's outputs then NaN): post-processing of the noised reply, so the guarantee holds."""
 
 
 def noised_stages(config, exchanges: Exchanges) -> tuple[str, ...]:
@@ -169,7 +179,7 @@ class RoundPrivacy:
                 rng = numpy_rng(self.run.root_seed, self.round, cid, operation, occurrence, "privacy")
                 reference = update_reference(reply.tensors, self.references(instructions[cid]))
                 tensors, norm = self.run.mechanism.privatize(reply.tensors, reference, clip, stds[cid], rng)
-                out[cid] = dataclasses.replace(reply, tensors=tensors)
+                out[cid] = dataclasses.replace(reply, tensors=clamp_running_variances(tensors))
                 self.contributions += 1
                 self.clipped += norm > clip
             senders = population(stage.senders, self.run.federation)
@@ -206,14 +216,98 @@ def batch_norm_statistics(tensors: Mapping[str, np.ndarray]) -> list[str]:
     return sorted(name for name in tensors if str(name).endswith("running_var"))
 
 
+def clamp_running_variances(tensors: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """``tensors`` with every batch-norm running variance raised to at least :data:`RUNNING_VARIANCE_FLOOR`."""
+    out = dict(tensors)
+    for name in batch_norm_statistics(tensors):
+        value = np.asarray(tensors[name])
+        if np.issubdtype(value.dtype, np.floating):
+            out[name] = np.maximum(value, RUNNING_VARIANCE_FLOOR).astype(value.dtype)
+    return out
+
+
 def warn_batch_norm(config, global_tensors: Optional[Mapping[str, np.ndarray]]) -> None:
-    """Log once when the noised updates carry batch-norm running variances, which the noise can make negative."""
+    """Log once when the noised updates carry batch-norm running variances: noised, then clamped."""
     names = batch_norm_statistics(global_tensors or {})
-    if names:
-        log.warning(
-            "privacy: the updates of %s carry %d batch-norm running variances (%s, ...), which the noise can turn "
-            "negative; FedBN keeps batch norm on each client, and mlp or lenet5 have none",
+    if names and config.privacy.unit == "client":
+        log.info(
+            "privacy: the updates of %s carry %d batch-norm running variances (%s, ...): noised with the rest, then "
+            "raised to at least %g where the noise took them below",
             config.method.name,
             len(names),
             names[0],
+            RUNNING_VARIANCE_FLOOR,
         )
+
+
+def make_privacy(config, federation, method):
+    """The run's privacy layer for ``privacy.unit``: :class:`RunPrivacy` (client) or :class:`RecordPrivacy`."""
+    return (RecordPrivacy if config.privacy.unit == "record" else RunPrivacy)(config, federation, method)
+
+
+class RecordPrivacy:
+    """``privacy.unit=record``: each client noises its own steps (DP-SGD, :mod:`fedsim.privacy.dpsgd`), so the
+    replies pass as they are; the server counts each client's steps and reports the epsilon they spend, with the
+    same plan the client noised with (:func:`fedsim.privacy.dpsgd.record_plan`)."""
+
+    def __init__(self, config, federation, method):
+        self.config = config
+        self.federation = federation
+        self.delta = config.privacy.target_delta
+        self.stages = frozenset(method_exchanges(config).default_stages)
+        self.steps: dict[int, int] = {}
+        for cid in federation.source_ids:
+            plan = self.plan(cid)
+            log.info(
+                "privacy: client %d, %d records, q %.4g: noise multiplier %.6g spends epsilon %.6g at delta %g over "
+                "%d DP-SGD steps",
+                cid,
+                plan.records,
+                plan.rate,
+                plan.noise_multiplier,
+                plan.epsilon(plan.total_steps, self.delta, config.privacy.accountant),
+                self.delta,
+                plan.total_steps,
+            )
+
+    def plan(self, cid: int) -> RecordPlan:
+        """Client ``cid``'s DP-SGD (its training records from the federation)."""
+        return record_plan(self.config, self.federation.info(cid).num_train)
+
+    def round(self, rnd: int) -> RecordRound:
+        return RecordRound(self)
+
+    def close_round(self, round_privacy: RecordRound) -> dict:
+        """Count the round's local updates; each client's epsilon so far, and the largest (the federation's)."""
+        for cid in round_privacy.trained:
+            self.steps[cid] = self.steps.get(cid, 0) + self.plan(cid).steps_per_round
+        kind = self.config.privacy.accountant
+        spent = {cid: self.plan(cid).epsilon(steps, self.delta, kind) for cid, steps in sorted(self.steps.items())}
+        return {
+            "privacy_epsilon": max(spent.values(), default=0.0),
+            "privacy_delta": self.delta,
+            "privacy_epsilon_clients": {str(cid): eps for cid, eps in spent.items()},
+            "privacy_noise_multipliers": {str(cid): self.plan(cid).noise_multiplier for cid in spent},
+        }
+
+    def state(self) -> dict:
+        """What a checkpoint keeps: each client's steps so far."""
+        return {"steps": {str(cid): steps for cid, steps in self.steps.items()}}
+
+    def restore(self, saved: dict) -> None:
+        self.steps = {int(cid): int(steps) for cid, steps in saved["steps"].items()}
+
+
+class RecordRound:
+    """One round under ``privacy.unit=record``: the replies as they are, and which clients trained."""
+
+    def __init__(self, run: RecordPrivacy):
+        self.run = run
+        self.trained: list[int] = []
+
+    def protect(self, operation: str, instructions: Mapping[int, Instruction], replies: dict[int, Reply]) -> dict:
+        """``replies`` unchanged (their DP-SGD steps were noised by the clients); the senders of a training stage
+        are counted."""
+        if operation in self.run.stages:
+            self.trained.extend(sorted(replies))
+        return replies

@@ -80,10 +80,10 @@ class Server:
         when the ``privacy`` section is on, else None."""
         if not self.config.privacy.active:
             return None
-        from fedsim.privacy.protocol import RunPrivacy, warn_batch_norm
+        from fedsim.privacy.protocol import make_privacy, warn_batch_norm
 
         warn_batch_norm(self.config, self.method.global_tensors(self.state))
-        return RunPrivacy(self.config, self.federation, self.method)
+        return make_privacy(self.config, self.federation, self.method)
 
     def context(self, rnd: int, setup: bool = False) -> RoundContext:
         unreliable = None if setup else self.unreliable_clients()

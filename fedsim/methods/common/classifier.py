@@ -38,7 +38,8 @@ class GlobalClassifier:
     def build(self) -> nn.Module:
         """A fresh model with the run's initial weights (seeds torch's global generator, as every client does)."""
         torch.manual_seed(derive_seed(self.config.run.seed, "model-init"))
-        return build_model(self.config.model, self.federation.input_shape, self.federation.num_classes)
+        group_norm = self.config.privacy.active and self.config.privacy.unit == "record"  # DP-SGD's per-example grads
+        return build_model(self.config.model, self.federation.input_shape, self.federation.num_classes, group_norm)
 
     def initial_weights(self) -> dict:
         """The run's initial weights as numpy arrays (:meth:`build`'s model): the same for every backend and method
@@ -61,13 +62,14 @@ class GlobalClassifier:
         step_loss: Optional[StepLoss] = None,
     ) -> float:
         """Load ``weights``, run ``settings.local_epochs`` epochs with a fresh SGD optimizer (McMahan et al.,
-        Alg. 1), its batches drawn from ``seed``."""
+        Alg. 1), its batches drawn from ``seed``; DP-SGD's steps under ``privacy.unit=record``."""
+        from fedsim.privacy.dpsgd import record_plan
+
         load_numpy(model, weights)
         optimizer = make_optimizer(model, settings)
         epochs, batch_size = settings.local_epochs, settings.batch_size
-        return train_epochs(
-            model, split, epochs, batch_size, optimizer, seed=seed, device=self.device, step_loss=step_loss
-        )
+        private = record_plan(self.config, len(split.x))
+        return train_epochs(model, split, epochs, batch_size, optimizer, seed, self.device, step_loss, private)
 
     def evaluate(self, model: nn.Module, weights: Tensors, split: ArraySplit) -> dict[str, float]:
         """Load ``weights`` into ``model`` and score it on a labeled ``split``: ``correct`` and ``total`` counts and

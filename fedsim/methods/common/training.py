@@ -8,7 +8,7 @@ the precision of the client operation (``run.precision``, :mod:`fedsim.methods.c
 
 from __future__ import annotations
 
-from typing import Callable, Iterator, Mapping, Optional
+from typing import TYPE_CHECKING, Callable, Iterator, Mapping, Optional
 
 import numpy as np
 import torch
@@ -18,6 +18,9 @@ from fedsim.data.base import ArraySplit
 from fedsim.messages import LocalSettings
 from fedsim.methods.common.precision import autocast, full
 from fedsim.optim import SGD, Optimizer
+
+if TYPE_CHECKING:
+    from fedsim.privacy.dpsgd import RecordPlan
 
 CHUNK = 512
 """Rows per forward pass when a whole split is encoded or evaluated without gradients (bounds memory)."""
@@ -89,13 +92,15 @@ def train_epochs(
     seed: int,
     device: torch.device,
     step_loss: Optional[StepLoss] = None,
+    private: Optional[RecordPlan] = None,
 ) -> float:
     """Mini-batch training on (x, y) for ``epochs``; returns the mean training loss of the last epoch.
 
     ``step_loss(model, xb, yb)`` is the loss of one batch (default: cross-entropy); FedProx, the alignment
-    methods, FADA and FedBN pass their own objective and share the loop.
+    methods, FADA and FedBN pass their own objective and share the loop. With ``private`` (record-level privacy,
+    :func:`fedsim.privacy.dpsgd.record_plan`) the steps are DP-SGD's (:func:`fedsim.privacy.dpsgd.dp_sgd_epochs`).
     """
-    return float(epochs_loss(model, split, epochs, batch_size, optimizer, seed, device, step_loss))
+    return float(epochs_loss(model, split, epochs, batch_size, optimizer, seed, device, step_loss, private))
 
 
 def epochs_loss(
@@ -107,6 +112,7 @@ def epochs_loss(
     seed: int,
     device: torch.device,
     step_loss: Optional[StepLoss] = None,
+    private: Optional[RecordPlan] = None,
 ) -> torch.Tensor:
     """:func:`train_epochs`'s loop; the last epoch's mean loss as a float64 tensor on ``device``, not read back."""
     if split.y is None:
@@ -114,6 +120,10 @@ def epochs_loss(
     step_loss = step_loss or classification_loss
     model.train()
     x, y = device_rows(split.x, device), device_rows(split.y, device)
+    if private is not None:
+        from fedsim.privacy.dpsgd import dp_sgd_epochs
+
+        return dp_sgd_epochs(model, x, y, epochs, private, optimizer, seed, device, step_loss)
     generator = torch.Generator().manual_seed(seed)
     last = torch.zeros((), dtype=torch.float64, device=device)
     for _ in range(epochs):
