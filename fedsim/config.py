@@ -568,25 +568,29 @@ class PrivacyConfig:
                     f"privacy.stage_clip must map stages to positive bounds, got {stage_clip!r}: e.g. "
                     "--set 'privacy.stage_clip={features: 50}'",
                 ),
-                (
-                    self.accountant in PRIVACY_ACCOUNTANTS,
-                    f"privacy.accountant must be one of {', '.join(PRIVACY_ACCOUNTANTS)}, got {self.accountant!r}",
-                ),
-                (
-                    self.unit in PRIVACY_UNITS,
-                    f"privacy.unit must be one of {', '.join(PRIVACY_UNITS)}, got {self.unit!r}",
-                ),
-                (
-                    self.unit != "record" or (stage_clip is None and not self.stages and self.mode == "central"),
-                    "privacy.stage_clip, privacy.stages and privacy.mode choose how replies are noised, which "
-                    "privacy.unit=record does not do (DP-SGD noises each client's gradient steps): leave them out",
-                ),
             ]
+            + self._choice_rules()
         )
         if self.active:
             from fedsim.privacy.mechanism import make_mechanism
 
             make_mechanism(self)  # the mechanism privacy.mode names, found and checking its own settings
+
+    def _choice_rules(self) -> list:
+        """The accountant and unit named, and what privacy.unit=record leaves out."""
+        stage_clip = self.stage_clip
+        return [
+            (
+                self.accountant in PRIVACY_ACCOUNTANTS,
+                f"privacy.accountant must be one of {', '.join(PRIVACY_ACCOUNTANTS)}, got {self.accountant!r}",
+            ),
+            (self.unit in PRIVACY_UNITS, f"privacy.unit must be one of {', '.join(PRIVACY_UNITS)}, got {self.unit!r}"),
+            (
+                self.unit != "record" or (stage_clip is None and not self.stages and self.mode == "central"),
+                "privacy.stage_clip, privacy.stages and privacy.mode choose how replies are noised, which "
+                "privacy.unit=record does not do (DP-SGD noises each client's gradient steps): leave them out",
+            ),
+        ]
 
 
 MOVED_KEYS = {

@@ -108,7 +108,7 @@ def test_an_unknown_run_is_one_line(runs, tmp_path):
         tep_protocol.load(tep_protocol.parse_args(["--out", str(tmp_path), "--runs", runs]))
 
 
-PROTOCOLS = ROOT / "experiments" / "specs"
+PROTOCOLS = ROOT / "tools" / "device"
 
 
 def _trials(path: Path) -> dict:

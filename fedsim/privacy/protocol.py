@@ -25,18 +25,20 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections import Counter
-from typing import Mapping, Optional
+from typing import TYPE_CHECKING, Mapping, Optional
 
 import numpy as np
 
 from fedsim.errors import UserError
 from fedsim.messages import Instruction, Reply
 from fedsim.privacy.accountant import Ledger, Rates, calibrate_noise_multiplier, spent_epsilon
-from fedsim.privacy.dpsgd import RecordPlan, record_plan
 from fedsim.privacy.exchanges import Exchanges, Stage, method_exchanges, population, sample_size
 from fedsim.privacy.mechanism import float_names, make_mechanism, unnoisable, update_reference
 from fedsim.registry import MECHANISMS
 from fedsim.seeding import numpy_rng
+
+if TYPE_CHECKING:  # torch: the module loads only when a record-level run needs it
+    from fedsim.privacy.dpsgd import RecordPlan
 
 log = logging.getLogger(__name__)
 
@@ -272,6 +274,8 @@ class RecordPrivacy:
 
     def plan(self, cid: int) -> RecordPlan:
         """Client ``cid``'s DP-SGD (its training records from the federation)."""
+        from fedsim.privacy.dpsgd import record_plan
+
         return record_plan(self.config, self.federation.info(cid).num_train)
 
     def round(self, rnd: int) -> RecordRound:
