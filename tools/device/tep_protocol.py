@@ -85,7 +85,10 @@ def titled(paper: str, spec) -> str:
     sweep = to_sweep(spec)
     config = sweep.config_for(next(iter(sweep.points())))
     base = re.sub(r", \d+ windows a class, \w+$", "", paper)
-    return f"{base}, {config.data.options.windows_per_class} windows a class, {config.run.precision}"
+    windows = getattr(config.data.options, "windows_per_class", None)  # a benchmark other than tep has none
+    return (
+        f"{base}, {windows} windows a class, {config.run.precision}" if windows else f"{base}, {config.run.precision}"
+    )
 
 
 def keep_targets(raw: dict, targets: list[str], name: str) -> None:
