@@ -63,10 +63,13 @@ def open_local(
 def checked_federation(config: ExperimentConfig) -> Federation:
     """The run's federation, after the model's and the method's checks of the setting (both raise UserError on bad
     input); its input shape is the one the model declares (a frozen backbone's features, :mod:`fedsim.models`)."""
-    from fedsim.models.features import model_federation
     from fedsim.registry import METHODS
 
-    federation = model_federation(config, build_federation(config.data))
+    federation = build_federation(config.data)
+    if config.model.name != "auto":  # "auto" picks a small net that declares no inputs: torch stays unloaded
+        from fedsim.models.features import model_federation
+
+        federation = model_federation(config, federation)
     METHODS.get(config.method.name).check_setting(config, federation)
     return federation
 
