@@ -9,9 +9,9 @@ from fedsim.config import load_config
 from fedsim.data.base import ArraySplit
 from fedsim.data.scenario import build_federation
 from fedsim.errors import UserError
-from fedsim.methods.centralized import TEP_RECIPE
 from fedsim.methods.common.classifier import GlobalClassifier
 from fedsim.methods.common.training import train_epochs
+from fedsim.recipes import recipe_for
 from fedsim.runtime import LocalExecutor, Server
 from fedsim.runtime.client_host import torch_threads
 from fedsim.runtime.server import SERVER_THREADS
@@ -58,7 +58,8 @@ def test_sgd_stays_the_default_and_keeps_no_optimizer_state(toy_overrides):
 
 
 def test_the_tep_recipe_is_a_valid_setting_of_the_method():
-    config = load_config(None, ["method.name=centralized", *(f"{k}={v}" for k, v in TEP_RECIPE.items())])
+    recipe = recipe_for("centralized", "tep", {}).values
+    config = load_config(None, ["method.name=centralized", *(f"{k}={v}" for k, v in recipe.items())])
     assert (config.method.params.optimizer, config.method.lr, config.method.batch_size) == ("adam", 1e-4, 256)
     assert config.run.rounds * config.method.local_epochs == 70 and config.method.weight_decay == 0.0
 

@@ -230,9 +230,3 @@ def test_tep_recipes_are_kept_apart_by_variant():
     assert recipe_for("feddadil", "tep", {"variant": "snapshot-hard"}) is None
     snapshot = make_config(method="centralized", benchmark="tep", set={"data.variant": "snapshot"})
     assert snapshot.run.rounds == 20  # the library's default: no recipe on the snapshots
-
-
-def test_the_centralized_tep_recipe_is_the_methods_tep_recipe():
-    from fedsim.methods.centralized import TEP_RECIPE
-
-    assert recipe_for("centralized", "tep", {}).values == TEP_RECIPE

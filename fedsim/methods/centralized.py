@@ -29,7 +29,8 @@ that R rounds of E epochs are R x E epochs of one Adam run. The TEP authors' sou
 ``tep-domain-adaptation``'s multi-source source-only notebook: ``optimizer_name='adam'``, ``learning_rate=1e-4``,
 ``l2_penalty=0.0``, ``batch_size=256``, ``n_epochs=70`` over the pooled source windows) is then
 ``--set method.optimizer=adam,method.lr=1e-4,method.weight_decay=0,method.batch_size=256`` with
-``--rounds 70`` (one epoch a round, each evaluated) or ``--rounds 1 --local-epochs 70``: :data:`TEP_RECIPE`.
+``--rounds 70`` (one epoch a round, each evaluated) or ``--rounds 1 --local-epochs 70``: the method's recipe on
+``tep`` (:mod:`fedsim.recipes`), which a plain ``fedsim run --method centralized --benchmark tep`` applies.
 """
 
 from __future__ import annotations
@@ -50,17 +51,6 @@ from fedsim.methods.common.training import load_numpy, model_to_numpy, train_epo
 from fedsim.registry import METHODS
 
 OPTIMIZERS = ("sgd", "adam")
-
-TEP_RECIPE = {
-    "method.optimizer": "adam",
-    "method.lr": 1e-4,
-    "method.weight_decay": 0.0,
-    "method.batch_size": 256,
-    "run.rounds": 70,
-    "method.local_epochs": 1,
-}
-"""The TEP authors' centralized source-only training (their multi-source source-only notebook: Adam, learning rate
-1e-4, no L2 penalty, batches of 256, 70 epochs), as settings of this method: one epoch a round."""
 
 
 @METHODS.register("centralized")
