@@ -109,3 +109,16 @@ class DANNLoss(DomainLoss):
         self.coefficient = weight
         value = self(source, target)
         return value, value
+
+    per_record = True
+
+    def per_record_objective(self, source: torch.Tensor, target: torch.Tensor, weight: float) -> torch.Tensor:
+        """:meth:`objective`'s value with the reversal written as (1 + w) x.detach() - w x (the value x, the gradient
+        -w I: Eq. 9-10 without the autograd Function, which vmap does not take); no metrics."""
+        features = torch.cat([source, target])
+        reversed_features = (1.0 + weight) * features.detach() - weight * features
+        logits = self.discriminator(reversed_features)
+        logit_s, logit_t = logits[: len(source)], logits[len(source) :]
+        loss_s = F.binary_cross_entropy_with_logits(logit_s, torch.ones_like(logit_s))
+        loss_t = F.binary_cross_entropy_with_logits(logit_t, torch.zeros_like(logit_t))
+        return 0.5 * (loss_s + loss_t)

@@ -41,6 +41,15 @@ class DomainLoss(nn.Module):
         value = self(source, target)
         return weight * value, value
 
+    per_record: bool = False
+    """Whether :meth:`per_record_objective` exists: a loss that couples a batch's source records (MMD's pairs
+    k(s_i, s_j)) has no gradient per record for DP-SGD to clip."""
+
+    def per_record_objective(self, source: torch.Tensor, target: torch.Tensor, weight: float) -> torch.Tensor:
+        """The term of :meth:`objective` for one source record against a target batch, written for torch.func's
+        vmap (no autograd Function, no metrics): DP-SGD's per-example gradients (``privacy.unit=record``)."""
+        raise NotImplementedError(f"{type(self).__name__} has no per-record objective")
+
 
 def check_features(source: torch.Tensor, target: torch.Tensor, minimum: int = 1) -> None:
     if source.dim() != 2 or target.dim() != 2 or source.shape[1] != target.shape[1]:

@@ -143,18 +143,23 @@ def dp_sgd_epochs(
     seed: int,
     device: torch.device,
     loss: Loss,
+    before_step: Optional[Callable[[int], None]] = None,
 ) -> torch.Tensor:
     """``epochs`` of DP-SGD steps on (x, y) (the module docstring); the last epoch's mean loss over the sampled
     records as a float64 tensor on ``device``. The Poisson draws and the noise come from a CPU generator seeded
-    with ``seed``, so every device takes the same steps."""
+    with ``seed``, so every device takes the same steps. ``model`` is every trained parameter (a module holding
+    the network and, say, a domain discriminator); ``before_step(step)``, step counted from 1 over the epochs, runs
+    before each step's gradients (a schedule, a fresh batch of other data the loss reads)."""
     generator = torch.Generator().manual_seed(seed)
     params = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
     std = plan.noise_multiplier * plan.clip
     model.train()
     last = torch.zeros((), dtype=torch.float64, device=device)
-    for _ in range(epochs):
+    for epoch in range(epochs):
         total, count = torch.zeros((), dtype=torch.float64, device=device), 0
-        for _ in range(plan.steps_per_epoch):
+        for position in range(plan.steps_per_epoch):
+            if before_step is not None:
+                before_step(epoch * plan.steps_per_epoch + position + 1)
             chosen = (torch.rand(len(x), generator=generator) < plan.rate).nonzero().squeeze(1)
             noise = {name: torch.normal(0.0, std, p.shape, generator=generator) for name, p in params}
             summed: dict[str, torch.Tensor] = {}

@@ -106,3 +106,45 @@ def alignment_optimizer(
     for group in optimizer.param_groups:
         group["lr"] = group["initial_lr"]
     return optimizer
+
+
+class AlignmentModules(nn.Module):
+    """The network and the domain loss as one module: DP-SGD's per-example gradients reach both (the discriminator
+    stays on the source, but the model it helps train leaves it)."""
+
+    def __init__(self, model: nn.Module, domain_loss: DomainLoss):
+        super().__init__()
+        self.model = model
+        self.domain_loss = domain_loss
+
+
+class PrivateAlignmentObjective:
+    """:class:`AlignmentObjective` for DP-SGD (``privacy.unit=record``): ``before_step(step)`` sets the step's
+    lambda and learning rate (the same schedule) and draws its target batch; the call is one source record's loss,
+    cross-entropy + the domain loss's :meth:`~fedsim.losses.DomainLoss.per_record_objective` against that batch,
+    for torch.func's vmap over the sampled records (:func:`fedsim.privacy.dpsgd.dp_sgd_epochs`)."""
+
+    def __init__(
+        self,
+        target: torch.Tensor,
+        generator: torch.Generator,
+        schedule: Callable[[int], tuple[float, float]],
+        batch_size: int,
+        optimizer: Optimizer,
+    ):
+        self.target, self.generator, self.schedule = target, generator, schedule
+        self.batch_size, self.optimizer = batch_size, optimizer
+        self.weight = 0.0
+        self.batch = target[:0]
+
+    def before_step(self, step: int) -> None:
+        self.weight, lr_factor = self.schedule(step)
+        for group in self.optimizer.param_groups:
+            group["lr"] = group["initial_lr"] * lr_factor
+        pick = torch.randperm(len(self.target), generator=self.generator)[: self.batch_size]
+        self.batch = self.target[pick]
+
+    def __call__(self, modules: AlignmentModules, xb: torch.Tensor, yb: torch.Tensor) -> torch.Tensor:
+        features = modules.model.features(xb)
+        task = nn.functional.cross_entropy(modules.model.head(features), yb)
+        return task + modules.domain_loss.per_record_objective(features, self.batch.to(xb.device), self.weight)
