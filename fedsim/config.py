@@ -496,7 +496,8 @@ class PrivacyConfig:
     the model the server sent); required when on."""
     stage_clip: Optional[dict] = field(default=None, hash=False)
     """``{operation: C}``: another bound for the stages it names (a feature matrix is not on a model update's
-    scale), e.g. ``--set 'privacy.stage_clip={features: 50}'``."""
+    scale), e.g. ``--set 'privacy.stage_clip={features: 50}'``; under ``privacy.unit=record`` the bound of one row
+    of a stage that sends records' rows (FedDANN's ``features``)."""
     mode: str = "central"
     """Whom the noise protects against: "central", client-level DP-FedAvg (McMahan et al., ICLR 2018), noise of
     std z C on the sum the server aggregates, for whoever sees what the server releases; "local", noise of std z C
@@ -578,7 +579,6 @@ class PrivacyConfig:
 
     def _choice_rules(self) -> list:
         """The accountant and unit named, and what privacy.unit=record leaves out."""
-        stage_clip = self.stage_clip
         return [
             (
                 self.accountant in PRIVACY_ACCOUNTANTS,
@@ -586,9 +586,9 @@ class PrivacyConfig:
             ),
             (self.unit in PRIVACY_UNITS, f"privacy.unit must be one of {', '.join(PRIVACY_UNITS)}, got {self.unit!r}"),
             (
-                self.unit != "record" or (stage_clip is None and not self.stages and self.mode == "central"),
-                "privacy.stage_clip, privacy.stages and privacy.mode choose how replies are noised, which "
-                "privacy.unit=record does not do (DP-SGD noises each client's gradient steps): leave them out",
+                self.unit != "record" or (not self.stages and self.mode == "central"),
+                "privacy.stages and privacy.mode choose how replies are noised, which privacy.unit=record does not "
+                "do (DP-SGD noises each client's gradient steps): leave them out",
             ),
         ]
 

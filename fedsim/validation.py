@@ -84,6 +84,14 @@ def check_record_privacy(config, exchanges) -> None:
             f"privacy.unit=record cannot apply to method {name!r}: {why}; use privacy.unit=client, or a method of "
             "the FedAvg family (fedavg, fedprox)"
         )
+    rows = sorted(s.operation for s in exchanges.stages if s.records and s.record_mechanism)
+    unknown = sorted(set(config.privacy.stage_clip or {}) - set(rows))
+    if unknown:
+        where = f"sends them in {', '.join(rows)} only" if rows else "sends none"
+        raise UserError(
+            f"privacy.stage_clip names {', '.join(unknown)}: under privacy.unit=record it bounds the rows of a stage "
+            f"that sends records' own values, and method {name!r} {where}; leave the others out"
+        )
     if config.resources.vectorize != "off":
         raise UserError(
             "privacy.unit=record trains each client with DP-SGD's per-example gradients, not batched across "
