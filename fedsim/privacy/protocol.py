@@ -248,16 +248,24 @@ def make_privacy(config, federation, method):
 
 
 class RecordPrivacy:
-    """``privacy.unit=record``: each client noises its own steps (DP-SGD, :mod:`fedsim.privacy.dpsgd`), so the
-    replies pass as they are; the server counts each client's steps and reports the epsilon they spend, with the
-    same plan the client noised with (:func:`fedsim.privacy.dpsgd.record_plan`)."""
+    """``privacy.unit=record``: each client noises its own steps (DP-SGD, :mod:`fedsim.privacy.dpsgd`), or each row
+    it sends of a stage whose values are records' own (:mod:`fedsim.privacy.rows`), so the replies pass as they are;
+    the server counts each client's steps and releases and reports the epsilon they spend, with the same plans the
+    clients noised with (:func:`fedsim.privacy.dpsgd.record_plan`, :func:`fedsim.privacy.rows.rows_plan`). A client
+    under both mechanisms (none of the built-ins) is charged the sum of the two epsilons (basic composition)."""
 
     def __init__(self, config, federation, method):
         self.config = config
         self.federation = federation
         self.delta = config.privacy.target_delta
-        self.stages = frozenset(method_exchanges(config).default_stages)
+        exchanges = method_exchanges(config)
+        self.rows_stages = frozenset(
+            s.operation for s in exchanges.stages if s.records and s.record_mechanism and not s.setup
+        )
+        self.stages = frozenset(exchanges.default_stages) - self.rows_stages
         self.steps: dict[int, int] = {}
+        self.releases: dict[tuple[int, str], int] = {}
+        kind = config.privacy.accountant
         for cid in federation.source_ids:
             plan = self.plan(cid)
             log.info(
@@ -267,9 +275,22 @@ class RecordPrivacy:
                 plan.records,
                 plan.rate,
                 plan.noise_multiplier,
-                plan.epsilon(plan.total_steps, self.delta, config.privacy.accountant),
+                plan.epsilon(plan.total_steps, self.delta, kind),
                 self.delta,
                 plan.total_steps,
+            )
+        for operation in sorted(self.rows_stages):
+            rows = self.rows_plan(operation)
+            log.info(
+                "privacy: %r rows clipped to %.6g, noise multiplier %.6g (std %.6g an entry) spends epsilon %.6g at "
+                "delta %g over %d releases of a record",
+                operation,
+                rows.clip,
+                rows.noise_multiplier,
+                rows.std,
+                rows.epsilon(rows.releases, self.delta, kind),
+                self.delta,
+                rows.releases,
             )
 
     def plan(self, cid: int) -> RecordPlan:
@@ -278,28 +299,49 @@ class RecordPrivacy:
 
         return record_plan(self.config, self.federation.info(cid).num_train)
 
+    def rows_plan(self, operation: str):
+        """The per-row mechanism of stage ``operation``."""
+        from fedsim.privacy.rows import rows_plan
+
+        return rows_plan(self.config, operation)
+
     def round(self, rnd: int) -> RecordRound:
         return RecordRound(self)
 
     def close_round(self, round_privacy: RecordRound) -> dict:
-        """Count the round's local updates; each client's epsilon so far, and the largest (the federation's)."""
+        """Count the round's local updates and rows released; each client's epsilon so far, and the largest (the
+        federation's)."""
         for cid in round_privacy.trained:
             self.steps[cid] = self.steps.get(cid, 0) + self.plan(cid).steps_per_round
+        for key in round_privacy.released:
+            self.releases[key] = self.releases.get(key, 0) + 1
         kind = self.config.privacy.accountant
-        spent = {cid: self.plan(cid).epsilon(steps, self.delta, kind) for cid, steps in sorted(self.steps.items())}
+        spent: dict[int, float] = {}
+        multipliers: dict[int, float] = {}
+        for cid, steps in self.steps.items():
+            spent[cid] = self.plan(cid).epsilon(steps, self.delta, kind)
+            multipliers[cid] = self.plan(cid).noise_multiplier
+        for (cid, operation), count in self.releases.items():
+            rows = self.rows_plan(operation)
+            spent[cid] = spent.get(cid, 0.0) + rows.epsilon(count, self.delta, kind)
+            multipliers.setdefault(cid, rows.noise_multiplier)
         return {
             "privacy_epsilon": max(spent.values(), default=0.0),
             "privacy_delta": self.delta,
-            "privacy_epsilon_clients": {str(cid): eps for cid, eps in spent.items()},
-            "privacy_noise_multipliers": {str(cid): self.plan(cid).noise_multiplier for cid in spent},
+            "privacy_epsilon_clients": {str(cid): spent[cid] for cid in sorted(spent)},
+            "privacy_noise_multipliers": {str(cid): multipliers[cid] for cid in sorted(spent)},
         }
 
     def state(self) -> dict:
-        """What a checkpoint keeps: each client's steps so far."""
-        return {"steps": {str(cid): steps for cid, steps in self.steps.items()}}
+        """What a checkpoint keeps: each client's steps and releases so far."""
+        return {
+            "steps": {str(cid): steps for cid, steps in self.steps.items()},
+            "releases": [[cid, operation, count] for (cid, operation), count in sorted(self.releases.items())],
+        }
 
     def restore(self, saved: dict) -> None:
         self.steps = {int(cid): int(steps) for cid, steps in saved["steps"].items()}
+        self.releases = {(int(cid), str(op)): int(count) for cid, op, count in saved.get("releases", [])}
 
 
 class RecordRound:
@@ -308,10 +350,13 @@ class RecordRound:
     def __init__(self, run: RecordPrivacy):
         self.run = run
         self.trained: list[int] = []
+        self.released: list[tuple[int, str]] = []
 
     def protect(self, operation: str, instructions: Mapping[int, Instruction], replies: dict[int, Reply]) -> dict:
-        """``replies`` unchanged (their DP-SGD steps were noised by the clients); the senders of a training stage
-        are counted."""
+        """``replies`` unchanged (their DP-SGD steps, or their rows, were noised by the clients); the senders of a
+        training stage, and of a stage of records' rows, are counted."""
         if operation in self.run.stages:
             self.trained.extend(sorted(replies))
+        elif operation in self.run.rows_stages:
+            self.released.extend((cid, operation) for cid in sorted(replies))
         return replies
