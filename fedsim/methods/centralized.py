@@ -48,6 +48,7 @@ from fedsim.methods.common import precision
 from fedsim.methods.common.pooling import gather_sources
 from fedsim.methods.common.selection_hooks import ClassifierPredictor, model_tensors, selection_reply
 from fedsim.methods.common.training import load_numpy, model_to_numpy, train_epochs
+from fedsim.privacy.exchanges import pooled_refusal
 from fedsim.registry import METHODS
 
 OPTIMIZERS = ("sgd", "adam")
@@ -56,6 +57,8 @@ OPTIMIZERS = ("sgd", "adam")
 @METHODS.register("centralized")
 class Centralized(PooledReference):
     """Centralized source-only reference: one model trained on the pooled source data, which FedAvg approximates."""
+
+    privacy_refusal = pooled_refusal("'upload' stage")
 
     @dataclass(frozen=True)
     class Params:

@@ -19,6 +19,7 @@ from fedsim.messages import Instruction, Reply
 from fedsim.methods.base import Exchange, Replies, ServerState, SingleExchange, client_operation
 from fedsim.methods.common.aggregation import federated_average
 from fedsim.methods.common.selection_hooks import ClassifierPredictor, model_tensors, selection_reply
+from fedsim.privacy.exchanges import one_fit
 from fedsim.registry import METHODS
 
 if TYPE_CHECKING:
@@ -31,6 +32,7 @@ class FedAvg(SingleExchange):
     """FedAvg source-only (McMahan et al. 2017): sources train locally, the server averages weights by sample count."""
 
     copes_with_missing_replies = True  # it aggregates the replies that arrive
+    privacy_exchanges = staticmethod(one_fit)  # one fit a round, its model updates averaged by sample count
 
     server_needs_torch = False
     #: ``fit`` has a batched counterpart for ``resources.vectorize: auto`` (fedsim.methods.common.vectorized)

@@ -41,6 +41,7 @@ from fedsim.methods.common.selection_hooks import ClassifierPredictor, model_ten
 from fedsim.methods.common.training import evaluate_model, load_numpy, model_to_numpy
 from fedsim.methods.fedavg import FedAvg
 from fedsim.models.normalization import bn_keys, bn_layers
+from fedsim.privacy.exchanges import Exchanges, fit_exchanges
 from fedsim.registry import METHODS
 
 log = logging.getLogger(__name__)
@@ -71,6 +72,16 @@ class FedBN(SingleExchange):
     """FedBN (Li et al. 2021): batch norm stays with each source client; the target re-estimates its statistics."""
 
     copes_with_missing_replies = True  # it aggregates the replies that arrive
+
+    @staticmethod
+    def privacy_exchanges(config) -> Exchanges:
+        """One ``fit`` a round, the model without its batch norm; refused under ``privacy.unit=record``."""
+        return fit_exchanges(
+            "the model after its local epochs without its batch-norm layers (they stay on the source), clipped as its "
+            "difference from the global model; not in the data's space",
+            record_level="its batch-norm layers are what it keeps on each source, and record-level DP-SGD replaces "
+            "batch norm with group norm (per-example gradients): it would be FedAvg",
+        )
 
     @dataclass(frozen=True)
     class Params:

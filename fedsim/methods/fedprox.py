@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from fedsim.errors import UserError
 from fedsim.messages import Instruction
 from fedsim.methods.fedavg import FedAvg
+from fedsim.privacy.exchanges import one_fit
 from fedsim.registry import METHODS
 
 
@@ -20,6 +21,7 @@ class FedProx(FedAvg):
     """FedProx (Li et al. 2020): FedAvg plus the proximal term mu/2 ||w - w_global||^2."""
 
     copes_with_missing_replies = True  # it aggregates the replies that arrive
+    privacy_exchanges = staticmethod(one_fit)  # FedAvg's: the proximal term changes no exchange
 
     server_needs_torch = False
     vectorized_operations = {"fit": "fit_vectorized"}  # the proximal term batched too (proximal_mu)

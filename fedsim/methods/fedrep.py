@@ -61,6 +61,7 @@ from fedsim.methods.common.training import (
     model_to_numpy,
     train_epochs,
 )
+from fedsim.privacy.exchanges import Exchanges, fit_exchanges
 from fedsim.registry import METHODS
 from fedsim.seeding import derive_seed
 
@@ -114,6 +115,16 @@ class FedRep(Method):
     """FedRep (Collins et al. 2021): averaged representation, personal heads; the target averages the sources' heads."""
 
     copes_with_missing_replies = True  # it aggregates the replies that arrive
+
+    @staticmethod
+    def privacy_exchanges(config) -> Exchanges:
+        """One ``fit`` a round, the representation without the head; refused under ``privacy.unit=record``."""
+        return fit_exchanges(
+            "the representation after the head's and the representation's epochs (the model without its head, which "
+            "stays on the source), clipped as its difference from the global one; not in the data's space",
+            record_level="its head's and representation's epochs are a training loop of its own, whose steps the "
+            "record-level accountant does not plan",
+        )
 
     @dataclass(frozen=True)
     class Params:

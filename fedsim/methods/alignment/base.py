@@ -27,9 +27,12 @@ from fedsim.errors import UserError
 from fedsim.losses import DomainLoss, dann_schedule
 from fedsim.losses.domain import dann_lr_factor
 from fedsim.messages import Instruction, Reply
+from fedsim.methods.alignment.exchanges import feature_alignment_exchanges
 from fedsim.methods.alignment.objective import (
     SCHEDULES,
+    AlignmentModules,
     AlignmentObjective,
+    PrivateAlignmentObjective,
     alignment_optimizer,
     feature_dim,
     steps_per_epoch,
@@ -40,9 +43,11 @@ from fedsim.methods.common.batchnorm import reestimate_bn
 from fedsim.methods.common.classifier import GlobalClassifier
 from fedsim.methods.common.selection_hooks import ClassifierPredictor, model_tensors, selection_reply
 from fedsim.methods.common.target_features import TARGET_FEATURES, encode_subset
-from fedsim.methods.common.training import evaluate_model, load_numpy, model_to_numpy, train_epochs
+from fedsim.methods.common.training import device_rows, evaluate_model, load_numpy, model_to_numpy, train_epochs
 from fedsim.models.normalization import bn_keys
-from fedsim.seeding import derive_seed
+from fedsim.privacy.dpsgd import record_plan
+from fedsim.privacy.rows import privatize_rows, rows_plan
+from fedsim.seeding import derive_seed, numpy_rng
 
 
 @dataclass(frozen=True)
@@ -106,6 +111,7 @@ class FeatureAlignment(AlignmentSchedule):
     """FedAvg on sources + a domain loss against encoded target features; subclasses choose the loss."""
 
     Params = AlignmentParams
+    privacy_exchanges = staticmethod(feature_alignment_exchanges)  # target features, then FedAvg
 
     def __init__(self, config, federation, device: str = "cpu"):
         super().__init__(config, federation, device)
@@ -152,7 +158,8 @@ class FeatureAlignment(AlignmentSchedule):
 
     @client_operation
     def features(self, instruction: Instruction, state: Any, data: ClientData) -> tuple[Reply, Any]:
-        """Target client: encoded features of a random subset of its unlabeled training inputs."""
+        """Target client: encoded features of a random subset of its unlabeled training inputs; under
+        ``privacy.unit=record`` each row clipped and noised before it leaves (:mod:`fedsim.privacy.rows`)."""
         model = state["model"]
         load_numpy(model, instruction.tensors)
         encoded = encode_subset(
@@ -164,6 +171,9 @@ class FeatureAlignment(AlignmentSchedule):
             chunk=instruction.local.batch_size,
             batch_statistics=self.params.target_normalization == "batch",
         )
+        rows = rows_plan(self.config, "features")  # privacy.unit=record
+        if rows is not None:
+            encoded = privatize_rows(encoded, rows, numpy_rng(derive_seed(instruction.seed, "privacy-rows")))
         return Reply(
             data.client_id, {"features": encoded}, {"num_features": float(len(encoded))}, num_examples=len(encoded)
         ), state
@@ -178,6 +188,9 @@ class FeatureAlignment(AlignmentSchedule):
         load_numpy(model, {k: v for k, v in instruction.tensors.items() if k != TARGET_FEATURES})
         target = torch.tensor(np.asarray(instruction.tensors[TARGET_FEATURES])).to(self.device)
         optimizer = alignment_optimizer(model, domain_loss, settings, self.domain_lr_scale())  # fresh each round
+        private = record_plan(self.config, len(data.train))
+        if private is not None:
+            return self.fit_private(instruction, state, data, target, optimizer, private)
         batches, trained = steps_per_epoch(len(data.train), settings.batch_size)
         objective = AlignmentObjective(
             domain_loss,
@@ -192,3 +205,41 @@ class FeatureAlignment(AlignmentSchedule):
         epochs, batch_size = settings.local_epochs, settings.batch_size
         train_epochs(model, data.train, epochs, batch_size, optimizer, seed, self.device, step_loss=objective)
         return Reply(data.client_id, model_to_numpy(model), objective.metrics(), num_examples=len(data.train)), state
+
+    def fit_private(self, instruction: Instruction, state: Any, data: ClientData, target, optimizer, private):
+        """``fit`` under ``privacy.unit=record``: DP-SGD over the model and the discriminator together, each sampled
+        record's cross-entropy + domain term clipped on its own (:class:`PrivateAlignmentObjective`); the schedule
+        counts DP-SGD's steps (ceil(n / batch_size) an epoch)."""
+        from fedsim.privacy.dpsgd import dp_sgd_epochs
+
+        settings, seed = instruction.local, instruction.seed
+        model, domain_loss = state["model"], state["domain_loss"]
+        if not domain_loss.per_record:
+            raise UserError(
+                f"privacy.unit=record cannot apply to method {self.config.method.name!r}: its domain loss "
+                f"{type(domain_loss).__name__} couples a batch's records, so no record has a gradient of its own to "
+                "clip; use privacy.unit=client"
+            )
+        objective = PrivateAlignmentObjective(
+            target,
+            torch.Generator().manual_seed(derive_seed(seed, "target-batch")),
+            self.step_schedule(instruction.round, settings.local_epochs * private.steps_per_epoch),
+            settings.batch_size,
+            optimizer,
+        )
+        modules = AlignmentModules(model, domain_loss)
+        x, y = device_rows(data.train.x, self.device), device_rows(data.train.y, self.device)
+        loss = dp_sgd_epochs(
+            modules,
+            x,
+            y,
+            settings.local_epochs,
+            private,
+            optimizer,
+            seed,
+            self.device,
+            objective,
+            before_step=objective.before_step,
+        )
+        metrics = {"train_loss": float(loss), "lr": float(optimizer.param_groups[0]["lr"])}
+        return Reply(data.client_id, model_to_numpy(model), metrics, num_examples=len(data.train)), state

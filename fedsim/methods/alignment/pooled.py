@@ -27,11 +27,14 @@ from fedsim.methods.common.pooling import gather_sources, gather_target_inputs, 
 from fedsim.methods.common.selection_hooks import ClassifierPredictor, model_tensors, selection_reply
 from fedsim.methods.common.training import evaluate_model, load_numpy, model_to_numpy, train_epochs
 from fedsim.models.normalization import bn_keys
+from fedsim.privacy.exchanges import pooled_refusal
 from fedsim.seeding import derive_seed
 
 
 class CentralizedAlignment(PooledReference, AlignmentSchedule):
     """Pooled sources + pooled unlabeled target inputs, trained on the server with a domain loss."""
+
+    privacy_refusal = pooled_refusal("'upload' and 'upload_inputs' stages")
 
     # ---- server half ------------------------------------------------------
     def run_round(self, ctx, state: ServerState) -> tuple[ServerState, dict]:

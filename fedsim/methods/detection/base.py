@@ -106,6 +106,19 @@ def detection_roles(config, federation, name: str) -> DetectionRoles:
     return DetectionRoles(server_domain, hosts[0], clients, tuple(federation.target_ids))
 
 
+def detection_refusal(why: str) -> str:
+    """A detection method's ``privacy_refusal``, ``why`` its own reason (``and ...``)."""
+    return (
+        "is a detection method, which fedsim's privacy layer does not cover: the server host trains on its own "
+        f"labeled images in the same exchanges as the clients, {why}"
+    )
+
+
+def uploads_refusal(what: str) -> str:
+    """The ``privacy_refusal`` of a detection method whose evaluation uploads ``what`` of each client."""
+    return detection_refusal(f"and the evaluation uploads {what}, which is never noised, so no guarantee would hold")
+
+
 class DetectionMethod(Method):
     """Interface of the detection methods and their shared halves: roles, detector, base stage, evaluation.
 

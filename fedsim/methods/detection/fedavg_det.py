@@ -23,7 +23,7 @@ from fedsim.messages import Instruction, LocalSettings, Reply
 from fedsim.methods.base import ServerState, client_operation
 from fedsim.methods.common.aggregation import weighted_average
 from fedsim.methods.common.training import load_numpy, model_to_numpy
-from fedsim.methods.detection.base import DetectionMethod
+from fedsim.methods.detection.base import DetectionMethod, detection_refusal
 from fedsim.methods.detection.evaluation import Family, Weights, with_prefix
 from fedsim.methods.detection.training import DetectionSet
 from fedsim.models.detector import Detector
@@ -33,6 +33,10 @@ from fedsim.registry import METHODS
 @METHODS.register("fedavg_det")
 class FedAvgDetection(DetectionMethod):
     """FedAvg for detection: the server host and the clients average one FCOS detector."""
+
+    privacy_refusal = detection_refusal(
+        "and the sensitivity of an FCOS update (BN statistics, GroupNorm towers) is not analysed in fedsim"
+    )
 
     #: the state-dict keys each participant keeps for itself (FedBN: batch norm; FedRep: the head); None: none
     personal_keys: ClassVar[Optional[Callable[[Detector], set[str]]]] = None

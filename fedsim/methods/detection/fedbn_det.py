@@ -9,6 +9,7 @@ w_b's batch norm (used by the unlabeled target, which has none of its own).
 
 from __future__ import annotations
 
+from fedsim.methods.detection.base import uploads_refusal
 from fedsim.methods.detection.fedavg_det import FedAvgDetection
 from fedsim.models.normalization import bn_keys
 from fedsim.registry import METHODS
@@ -17,5 +18,7 @@ from fedsim.registry import METHODS
 @METHODS.register("fedbn_det")
 class FedBNDetection(FedAvgDetection):
     """FedBN for detection: batch-norm layers stay with each participant."""
+
+    privacy_refusal = uploads_refusal("each client's batch-norm part ('share_personal')")
 
     personal_keys = staticmethod(bn_keys)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from fedsim.errors import UserError
 from fedsim.messages import LocalSettings
-from fedsim.methods.detection.base import DetectionParams
+from fedsim.methods.detection.base import DetectionParams, uploads_refusal
 from fedsim.methods.detection.fedavg_det import FedAvgDetection
 from fedsim.methods.detection.training import DetectionSet
 from fedsim.models.detector import Detector, head_keys
@@ -26,6 +26,8 @@ from fedsim.seeding import derive_seed
 @METHODS.register("fedrep_det")
 class FedRepDetection(FedAvgDetection):
     """FedRep for detection: averaged body, personal FCOS head (head steps, then body steps)."""
+
+    privacy_refusal = uploads_refusal("each client's head ('share_personal')")
 
     @dataclass(frozen=True)
     class Params(DetectionParams):

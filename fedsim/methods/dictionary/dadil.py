@@ -35,6 +35,7 @@ from fedsim.methods.dictionary import learning as dil
 from fedsim.methods.dictionary import sampling
 from fedsim.methods.dictionary.base import DictionaryMethod
 from fedsim.methods.dictionary.predictors import EVAL_EVERY, with_client_seconds
+from fedsim.privacy.exchanges import pooled_refusal
 from fedsim.registry import METHODS
 
 
@@ -64,6 +65,7 @@ class DaDiL(DictionaryMethod):
 
     Params = dil.CentralizedDictionaryParams
     centralized = True  # replies carry client data on purpose: the contract tests know this
+    privacy_refusal = pooled_refusal("'upload' stage", "training rows (or their encoded features)")
     # parse_args_dadil: n_iter 40 (one epoch of n // n_b steps each), n_b = 200, K = 5 (DictionaryParams)
     config_defaults = {
         "run": {"rounds": 40, "eval_every": EVAL_EVERY},

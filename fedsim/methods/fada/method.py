@@ -52,6 +52,7 @@ from fedsim.methods.common.training import (
 )
 from fedsim.methods.fada.attention import apply_deltas, delta_tensors, gather_deltas, split_deltas, weigh_sources
 from fedsim.methods.fada.batches import labeled_batch, labeled_batches
+from fedsim.methods.fada.exchanges import fada_exchanges
 from fedsim.methods.fada.guard import GUARD_METRICS, consensus_guard, guard_inputs
 from fedsim.methods.fada.losses import AdversarialAlignment, Disentanglement, MINELoss
 from fedsim.methods.fada.networks import (
@@ -75,6 +76,7 @@ class FADA(Method):
     """FADA (Peng et al. 2020): per-client models, dynamic attention, adversarial alignment, disentanglement."""
 
     Params = FADAParams
+    privacy_exchanges = staticmethod(fada_exchanges)  # every reply used on its own, by the target or the sources
     transient_state_keys = ("alignment", "align_optimizer", "round_start")  # the adversarial stage's, within a round
     disclosed_state_keys = ("net",)  # each client's model is sent on purpose: w_t by the target, w_i - w_t by a source
 

@@ -61,7 +61,7 @@ from fedsim.messages import Instruction, Reply
 from fedsim.methods.base import ServerState, client_operation
 from fedsim.methods.common.aggregation import weighted_average
 from fedsim.methods.common.training import load_numpy, model_to_numpy
-from fedsim.methods.detection.base import DetectionMethod
+from fedsim.methods.detection.base import DetectionMethod, uploads_refusal
 from fedsim.methods.detection.evaluation import Family, Weights, prefixed, with_prefix
 from fedsim.methods.detection.fedod.distillation import multi_teacher_loss
 from fedsim.methods.detection.fedod.params import FedODParams
@@ -104,6 +104,9 @@ class FedOD(DetectionMethod):
     config_defaults = {"run": {"rounds": 3}, "method": {"lr": 0.02, "batch_size": 16, "weight_decay": 1e-4}}
 
     Params = FedODParams
+    privacy_refusal = uploads_refusal(
+        "each client's whole detector ('share_own', the paper's A_u, and the final fine-tunes)"
+    )
 
     # ---- server half ------------------------------------------------------
     def run_round(self, ctx, state: ServerState) -> tuple[ServerState, dict]:

@@ -43,6 +43,7 @@ from fedsim.methods.dictionary import learning as dil
 from fedsim.methods.dictionary import sampling
 from fedsim.methods.dictionary.base import DictionaryMethod
 from fedsim.methods.dictionary.feddadil.aggregation import aggregate_versions
+from fedsim.methods.dictionary.feddadil.exchanges import feddadil_exchanges
 from fedsim.methods.dictionary.predictors import EVAL_EVERY, with_client_seconds
 from fedsim.registry import METHODS
 from fedsim.seeding import derive_seed
@@ -53,6 +54,7 @@ class FedDaDiL(DictionaryMethod):
     """FedDaDiL (Castellon, Montesuma et al. 2024): a shared dictionary of labeled atoms, alpha stays private."""
 
     Params = dil.DictionaryParams
+    privacy_exchanges = staticmethod(feddadil_exchanges)  # the encoder stage's fits, then the atoms' rows
     # the authors' parse_args_fed_dadil: 50 rounds (n_iter), n_b = 200 (batch_size), E = 5 (n_client_it), momentum 0.9;
     # an evaluation every EVAL_EVERY rounds (and after the last): fedsim's cadence, see dictionary_predictors
     config_defaults = {
