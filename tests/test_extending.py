@@ -201,3 +201,19 @@ def test_the_guide_s_method_declares_its_privacy_exchanges(package):
         set={"run.tensorboard": False, "privacy.noise_multiplier": 1.0, "privacy.clip": 5.0},
     )
     assert result.history[-1]["privacy_epsilon"] > 0
+
+
+def test_the_exchanges_example_declares_what_one_fit_does(package):
+    """The page's declaration written out is FedAvgM's ``staticmethod(one_fit)``: the same stage, calls and
+    record-level answer, read by fedsim.privacy from the class that declares it."""
+    import fedsim
+    from fedsim.privacy import method_exchanges, one_fit
+
+    namespace = {}
+    exec(compile(example("exchanges"), "docs/extending.md:exchanges", "exec"), namespace)
+    config = fedsim.make_config(method="mypkg.methods:FedAvgM", benchmark="mypkg.data:Blobs", set=GUIDE)
+    written, short, read = namespace["fedavgm_exchanges"](config), one_fit(config), method_exchanges(config)
+    fields = [(s.operation, s.senders, s.combined, s.records, s.readers) for s in written.stages]
+    assert fields == [(s.operation, s.senders, s.combined, s.records, s.readers) for s in short.stages]
+    assert written.calls(1, None) == short.calls(1, None) == read.calls(1, None) == (("fit", True),)
+    assert written.record_refusal() == short.record_refusal() == read.record_refusal() == ""

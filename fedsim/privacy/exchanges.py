@@ -59,7 +59,7 @@ class Stage:
     record_mechanism: str = ""
     """The mechanism that bounds each record's influence on this stage's values under ``privacy.unit=record``
     (per-row clipping and Gaussian noise on the sender, say); empty: none."""
-    readers: str = "server"
+    readers: str = "the server"
     """Who reads each reply: the server, and whoever it forwards the replies to (the target's features sent on to
     every source)."""
     tensors: bool = True

@@ -12,6 +12,8 @@ def feddadil_exchanges(config) -> Exchanges:
     p = config.method.params
     combined = UNIFORM if p.aggregation == "avg" else EACH
     rows = "the whole dictionary" if p.exchange == "full" else "the round's mini-batch of rows of every atom"
+    drawn = "the server, which sends the one it draws on to every client"
+    readers = drawn if p.aggregation == "random" else "the server"  # "avg", "wbary": the server combines them
     standardization = p.feature_standardization  # "none": no sums travel; "all": the target's too
     stats = Stage(
         "feature_stats",
@@ -32,9 +34,7 @@ def feddadil_exchanges(config) -> Exchanges:
             "label logits (K x rows x C, floats: soft labels), clipped as their difference from the rows sent",
             combined,
             records="atom rows fitted to its encoded batches of records (synthetic rows in the data's space)",
-            readers="the server, which sends the one it draws on to every client"
-            if p.aggregation == "random"
-            else "server",
+            readers=readers,
         ),
     )
 
