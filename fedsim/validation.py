@@ -82,7 +82,7 @@ def check_record_privacy(config, exchanges) -> None:
     if why:
         raise UserError(
             f"privacy.unit=record cannot apply to method {name!r}: {why}; use privacy.unit=client, or a method of "
-            "the FedAvg family (fedavg, fedprox)"
+            "the FedAvg family (fedavg, fedprox) or feddann"
         )
     rows = sorted(s.operation for s in exchanges.stages if s.records and s.record_mechanism)
     unknown = sorted(set(config.privacy.stage_clip or {}) - set(rows))

@@ -174,7 +174,8 @@ def test_noised_running_variances_are_clamped_to_the_floor():
 @pytest.mark.parametrize(
     "flags, expected",
     [
-        (["--method", "feddann"], "privacy.unit=record cannot apply to method 'feddann': its 'features' exchange"),
+        (["--method", "fedmmd"], "privacy.unit=record cannot apply to method 'fedmmd': its MMD couples a batch's"),
+        (["--set", "privacy.stage_clip={fit: 2}"], "privacy.stage_clip names fit: under privacy.unit=record"),
         (["--method", "fada"], "privacy.unit=record cannot apply to method 'fada': its 'features' exchange"),
         (["--method", "feddadil"], "privacy.unit=record cannot apply to method 'feddadil': its 'dil' exchange"),
         (["--method", "fedbn"], "cannot apply to method 'fedbn': its batch-norm layers"),

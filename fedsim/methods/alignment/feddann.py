@@ -19,12 +19,15 @@ from dataclasses import dataclass
 from fedsim.errors import UserError
 from fedsim.losses import DANNLoss, DomainLoss
 from fedsim.methods.alignment.base import AlignmentParams, FeatureAlignment
+from fedsim.methods.alignment.exchanges import feddann_exchanges
 from fedsim.registry import METHODS
 
 
 @METHODS.register("feddann")
 class FedDANN(FeatureAlignment):
     """FedDANN: adversarial alignment of source features to target features (Ganin et al. 2016)."""
+
+    privacy_exchanges = staticmethod(feddann_exchanges)  # what privacy noises; its answer to privacy.unit=record
 
     copes_with_missing_replies = True  # it aggregates the replies that arrive
 

@@ -29,6 +29,7 @@ from fedsim.losses import DomainLoss, MMDLoss
 from fedsim.losses.mmd import DEFAULT_MULTIPLIERS
 from fedsim.messages import Instruction, Reply
 from fedsim.methods.alignment.base import AlignmentParams, FeatureAlignment
+from fedsim.methods.alignment.exchanges import fedmmd_exchanges
 from fedsim.methods.alignment.objective import steps_per_epoch
 from fedsim.methods.common.target_features import TARGET_FEATURES
 from fedsim.registry import METHODS
@@ -38,6 +39,8 @@ from fedsim.seeding import derive_seed
 @METHODS.register("fedmmd")
 class FedMMD(FeatureAlignment):
     """FedMMD: multi-kernel MMD between source and target features (Long et al. 2015)."""
+
+    privacy_exchanges = staticmethod(fedmmd_exchanges)  # what privacy noises; its answer to privacy.unit=record
 
     copes_with_missing_replies = True  # it aggregates the replies that arrive
 

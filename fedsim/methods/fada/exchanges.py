@@ -58,4 +58,9 @@ def fada_exchanges(config) -> Exchanges:
             made.append(("disentangle", True))
         return (*made, ("update", False))
 
-    return Exchanges(stages, calls)
+    return Exchanges(
+        stages,
+        calls,
+        record_level="its discriminator, MINE and disentanglement steps are training loops of their own that DP-SGD "
+        "does not cover, and the target's update trains G_t through its own rows",
+    )
