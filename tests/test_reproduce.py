@@ -44,6 +44,11 @@ PAPERS = {  # paper -> (methods its full grid runs, its targets per benchmark, i
         {"digits": ["mnistm", "usps"], "amazon": ["books", "dvd", "electronics", "kitchen"]},
         lambda run, bench: [0, 1, 2],
     ),
+    "privacy-record": (  # accuracy against epsilon, record-level DP (tests/test_privacy_rows.py)
+        {"fedavg", "feddann"},
+        {"digits": ["mnistm", "usps"], "amazon": ["books", "dvd", "electronics", "kitchen"]},
+        lambda run, bench: [0, 1, 2],
+    ),
     "selection": (  # hyperparameter selection without target labels (tests/test_selection_protocol.py)
         {"fedavg", "feddann", "fedmmd", "fada", "feddadil"},
         {"digits": ["mnistm", "usps"], "amazon": ["books", "kitchen"], "office_googlenet": ["amazon", "webcam"]},
@@ -520,7 +525,7 @@ def test_tables_only_bad_input_is_one_line(args, expected, tmp_path, capsys):
     "args, expected",
     [
         (["fad"], "unknown paper 'fad': did you mean 'fada'?"),
-        ([], "give a paper (fada, feddadil, fedod, privacy, selection) or --spec FILE, not neither"),
+        ([], "give a paper (fada, feddadil, fedod, privacy, privacy-record, selection) or --spec FILE, not neither"),
         (["fada", "--spec", "x.yaml"], "not both"),
         (["--spec", "/nonexistent/spec.yaml"], "spec file /nonexistent/spec.yaml does not exist"),
         (["fada", "--seeds", "0,-1"], "--seeds must be an integer of 0 or more, got '-1'"),
