@@ -179,7 +179,6 @@ def test_noised_running_variances_are_clamped_to_the_floor():
         (["--method", "fada"], "privacy.unit=record cannot apply to method 'fada': its 'features' exchange"),
         (["--method", "feddadil"], "privacy.unit=record cannot apply to method 'feddadil': its 'dil' exchange"),
         (["--method", "fedbn"], "cannot apply to method 'fedbn': its batch-norm layers"),
-        (["--method", "fedrep"], "cannot apply to method 'fedrep': its head's and representation's epochs"),
         (["--set", "resources.vectorize=auto"], "set resources.vectorize=off"),
         (["--set", "privacy.stages=fit"], "which privacy.unit=record does not do"),
         (["--set", "privacy.unit=example"], "privacy.unit must be one of client, record, got 'example'"),
@@ -192,3 +191,25 @@ def test_a_refused_record_setting_exits_2_with_one_line(toy_overrides, tmp_path,
     err = capsys.readouterr().err
     assert code == 2 and expected in err, err
     assert len(err.strip().splitlines()) == 1 and not out.exists()
+
+
+def test_fedrep_under_record_privacy_plans_its_head_and_representation_epochs(toy_overrides):
+    overrides = toy_overrides + [
+        "method.name=fedrep",
+        "method.head_epochs=2",
+        "run.backend=local",
+        "privacy.epsilon=8",
+        "privacy.delta=1e-5",
+        *RECORD,
+    ]
+    config = load_config(None, overrides)
+    result = run_experiment(config, None)
+    federation = build_federation(config.data)
+    clients = result.summary["privacy_epsilon_clients"]
+    assert set(clients) == {str(c) for c in federation.source_ids}
+    assert all(0.97 * 8 <= eps <= 8 for eps in clients.values())  # all (2 + 1) epochs of both rounds planned
+    cid = federation.source_ids[0]
+    plan = record_plan(config, federation.info(cid).num_train, 2 + config.method.local_epochs)
+    assert plan.steps_per_round == plan.steps_per_epoch * 3
+    assert result.summary["privacy_noise_multipliers"][str(cid)] == pytest.approx(plan.noise_multiplier)
+    assert all(math.isfinite(v) for v in result.summary["source_accuracy"].values())

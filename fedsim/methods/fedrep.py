@@ -53,6 +53,7 @@ from fedsim.methods.common.classifier import GlobalClassifier
 from fedsim.methods.common.precision import autocast, full
 from fedsim.methods.common.selection_hooks import ClassifierPredictor, model_tensors, selection_reply
 from fedsim.methods.common.training import (
+    device_rows,
     encode_in_chunks,
     evaluate_model,
     load_numpy,
@@ -61,6 +62,7 @@ from fedsim.methods.common.training import (
     model_to_numpy,
     train_epochs,
 )
+from fedsim.privacy.dpsgd import dp_sgd_epochs, record_plan
 from fedsim.privacy.exchanges import Exchanges, fit_exchanges
 from fedsim.registry import METHODS
 from fedsim.seeding import derive_seed
@@ -89,6 +91,17 @@ def frozen_features(model: nn.Module, x: np.ndarray, chunk: int, device: torch.d
     return torch.cat(parts)
 
 
+def local_update_epochs(config) -> int:
+    """The epochs of one local update: the head's (``method.head_epochs``) then the representation's
+    (``method.local_epochs``), what record-level DP-SGD plans a round."""
+    return config.method.params.head_epochs + config.method.local_epochs
+
+
+def head_loss(head: nn.Module, features: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """cross-entropy(head(phi^t(x)), y): the head update's loss."""
+    return nn.functional.cross_entropy(head(features), labels)
+
+
 def train_head(head: nn.Module, features: torch.Tensor, y: np.ndarray, epochs: int, method, seed: int) -> float:
     """Alg. 1's head update: ``epochs`` epochs of SGD on cross-entropy(head(phi^t(x)), y) over the fixed features;
     returns the mean loss of the last epoch."""
@@ -102,7 +115,7 @@ def train_head(head: nn.Module, features: torch.Tensor, y: np.ndarray, epochs: i
         for idx in minibatches(len(labels), method.batch_size, generator):
             optimizer.zero_grad(set_to_none=True)
             with autocast(features.device):
-                loss = nn.functional.cross_entropy(head(features[idx]), labels[idx])
+                loss = head_loss(head, features[idx], labels[idx])
             loss.backward()
             optimizer.step()
             total, count = total + float(loss.detach()) * len(idx), count + len(idx)
@@ -118,12 +131,12 @@ class FedRep(Method):
 
     @staticmethod
     def privacy_exchanges(config) -> Exchanges:
-        """One ``fit`` a round, the representation without the head; refused under ``privacy.unit=record``."""
+        """One ``fit`` a round, the representation without the head; under ``privacy.unit=record`` the head's and
+        the representation's epochs are both DP-SGD's, planned together."""
         return fit_exchanges(
             "the representation after the head's and the representation's epochs (the model without its head, which "
             "stays on the source), clipped as its difference from the global one; not in the data's space",
-            record_level="its head's and representation's epochs are a training loop of its own, whose steps the "
-            "record-level accountant does not plan",
+            record_epochs=local_update_epochs,
         )
 
     @dataclass(frozen=True)
@@ -177,19 +190,44 @@ class FedRep(Method):
         model, method, seed = state["model"], instruction.local, instruction.seed
         load_numpy(model, {**instruction.tensors, **self.own_head(state)})
         metrics = {}
+        private = record_plan(self.config, len(data.train), local_update_epochs(self.config))  # privacy.unit=record
         if self.params.head_epochs:
             features = frozen_features(model, data.train.x, method.batch_size, self.device)
             load_numpy(
                 model, instruction.tensors, strict=False
             )  # phi^t is frozen: undo the BN statistics the encoding moved
-            metrics["head_loss"] = train_head(
-                model.head, features, data.train.y, self.params.head_epochs, method, derive_seed(seed, 1)
-            )
+            if private is None:
+                metrics["head_loss"] = train_head(
+                    model.head, features, data.train.y, self.params.head_epochs, method, derive_seed(seed, 1)
+                )
+            else:
+                optimizer = make_optimizer(model.head.parameters(), method)
+                labels = device_rows(data.train.y, self.device)
+                metrics["head_loss"] = float(
+                    dp_sgd_epochs(
+                        model.head,
+                        features.float(),
+                        labels,
+                        self.params.head_epochs,
+                        private,
+                        optimizer,
+                        derive_seed(seed, 1),
+                        self.device,
+                        head_loss,
+                    )
+                )
         model.head.requires_grad_(False)
         try:
             optimizer = make_optimizer(model.encoder.parameters(), method)
             metrics["train_loss"] = train_epochs(
-                model, data.train, method.local_epochs, method.batch_size, optimizer, derive_seed(seed, 2), self.device
+                model,
+                data.train,
+                method.local_epochs,
+                method.batch_size,
+                optimizer,
+                derive_seed(seed, 2),
+                self.device,
+                private=private,
             )
         finally:
             model.head.requires_grad_(True)

@@ -77,16 +77,16 @@ def record_noise_multiplier(rate: float, steps: int, epsilon: float, delta: floa
     return calibrate_noise_multiplier([(rate,)] * steps, epsilon, delta, kind)
 
 
-def record_plan(config, records: int) -> Optional[RecordPlan]:
+def record_plan(config, records: int, epochs: Optional[int] = None) -> Optional[RecordPlan]:
     """The DP-SGD of a client of ``records`` training records under ``config`` (None unless privacy is on with
     ``privacy.unit=record``); z given by ``privacy.noise_multiplier`` or calibrated to ``privacy.epsilon`` over every
-    round's local epochs (``method.local_epochs``, ``method.batch_size``, ``run.rounds``)."""
+    round's ``epochs`` of local steps (default ``method.local_epochs``; ``method.batch_size``, ``run.rounds``)."""
     privacy = config.privacy
     if not privacy.active or privacy.unit != "record" or records < 1:
         return None
     batch_size = config.method.batch_size
     per_epoch = math.ceil(records / batch_size)
-    per_round = per_epoch * config.method.local_epochs
+    per_round = per_epoch * (config.method.local_epochs if epochs is None else int(epochs))
     total = per_round * config.run.rounds
     rate = min(1.0, batch_size / records)
     if privacy.noise_multiplier is not None:

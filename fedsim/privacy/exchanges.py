@@ -80,6 +80,10 @@ class Exchanges:
     training loop (:meth:`fedsim.methods.common.classifier.GlobalClassifier.train`), which runs DP-SGD, and the
     stages send nothing but what those steps computed."""
 
+    record_epochs: Optional[Callable[[Any], int]] = None
+    """``record_epochs(config)``: the epochs of DP-SGD steps one local update takes under ``privacy.unit=record``
+    (default ``method.local_epochs``; FedRep's head epochs and representation epochs), which the accountant plans."""
+
     def record_refusal(self) -> str:
         """Why ``privacy.unit=record`` cannot apply (empty: it can): a stage that sends records' values with no
         :attr:`Stage.record_mechanism` to bound them, or :attr:`record_level`."""
@@ -110,11 +114,13 @@ MODEL_UPDATE = (
 )
 
 
-def fit_exchanges(sends: str, sampled: bool = True, record_level: str = "") -> Exchanges:
+def fit_exchanges(
+    sends: str, sampled: bool = True, record_level: str = "", record_epochs: Optional[Callable[[Any], int]] = None
+) -> Exchanges:
     """One ``fit`` per round, its replies averaged by sample count (FedAvg, FedProx, FedBN, FedRep); its local
     update runs DP-SGD under ``privacy.unit=record`` unless ``record_level`` says why not."""
     stage = Stage("fit", SOURCES, sends, WEIGHTED)
-    return Exchanges((stage,), lambda rnd, method: (("fit", sampled),), record_level)
+    return Exchanges((stage,), lambda rnd, method: (("fit", sampled),), record_level, record_epochs)
 
 
 def one_fit(config) -> Exchanges:

@@ -259,6 +259,7 @@ class RecordPrivacy:
         self.federation = federation
         self.delta = config.privacy.target_delta
         exchanges = method_exchanges(config)
+        self.epochs = exchanges.record_epochs(config) if exchanges.record_epochs else None
         self.rows_stages = frozenset(
             s.operation for s in exchanges.stages if s.records and s.record_mechanism and not s.setup
         )
@@ -297,7 +298,7 @@ class RecordPrivacy:
         """Client ``cid``'s DP-SGD (its training records from the federation)."""
         from fedsim.privacy.dpsgd import record_plan
 
-        return record_plan(self.config, self.federation.info(cid).num_train)
+        return record_plan(self.config, self.federation.info(cid).num_train, self.epochs)
 
     def rows_plan(self, operation: str):
         """The per-row mechanism of stage ``operation``."""
