@@ -171,6 +171,6 @@ def ray_cluster():
         from fedsim.actors.backend import RAY_AUTH_LOGGER, quiet_logger
 
         with quiet_logger(RAY_AUTH_LOGGER):
-            ray.init(num_cpus=2, include_dashboard=False, logging_level="WARNING")
+            ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="WARNING")
     yield ray
     ray.shutdown()

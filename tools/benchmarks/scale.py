@@ -103,7 +103,7 @@ def main() -> None:
     from fedsim.actors.backend import RAY_AUTH_LOGGER, quiet_logger
 
     with quiet_logger(RAY_AUTH_LOGGER):
-        ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR")
+        ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="ERROR")
     print(f"scale benchmark, {machine()}")
     try:
         with tempfile.TemporaryDirectory() as root, tempfile.TemporaryDirectory() as cache:
