@@ -82,15 +82,19 @@ def check_record_privacy(config, exchanges) -> None:
     if why:
         raise UserError(
             f"privacy.unit=record cannot apply to method {name!r}: {why}; use privacy.unit=client, or a method of "
-            "the FedAvg family (fedavg, fedprox) or feddann"
+            "the FedAvg family (fedavg, fedprox), fedrep or feddann"
         )
     rows = sorted(s.operation for s in exchanges.stages if s.records and s.record_mechanism)
     unknown = sorted(set(config.privacy.stage_clip or {}) - set(rows))
     if unknown:
-        where = f"sends them in {', '.join(rows)} only" if rows else "sends none"
+        where = (
+            f"sends them in {', '.join(rows)} only; leave the others out"
+            if rows
+            else "sends none; leave privacy.stage_clip out"
+        )
         raise UserError(
             f"privacy.stage_clip names {', '.join(unknown)}: under privacy.unit=record it bounds the rows of a stage "
-            f"that sends records' own values, and method {name!r} {where}; leave the others out"
+            f"that sends records' own values, and method {name!r} {where}"
         )
     if config.resources.vectorize != "off":
         raise UserError(

@@ -324,6 +324,15 @@ class RecordPrivacy:
             multipliers[cid] = self.plan(cid).noise_multiplier
         for (cid, operation), count in self.releases.items():
             rows = self.rows_plan(operation)
+            if count == rows.releases + 1:  # once, when the plan's releases are exceeded
+                log.warning(
+                    "client %d has sent its rows in stage '%s' %d times, more than the %d its noise was calibrated "
+                    "for (one a round): the epsilon reported exceeds privacy.epsilon; call the stage once a round",
+                    cid,
+                    operation,
+                    count,
+                    rows.releases,
+                )
             spent[cid] = spent.get(cid, 0.0) + rows.epsilon(count, self.delta, kind)
             multipliers.setdefault(cid, rows.noise_multiplier)
         return {

@@ -9,7 +9,8 @@ from fedsim.privacy.exchanges import EACH, MODEL_UPDATE, SOURCES, TARGETS, WEIGH
 
 NO_PER_RECORD_LOSS = (
     "its domain loss is not declared to have a per-record objective (DomainLoss.per_record), so DP-SGD has no "
-    "gradient of one record to clip"
+    "gradient of one record to clip; a subclass whose domain loss has one (per_record_objective) declares "
+    "privacy_exchanges = staticmethod(feddann_exchanges)"
 )
 """Why a feature-alignment method takes no ``privacy.unit=record`` unless it declares otherwise (FedDANN does)."""
 
