@@ -144,3 +144,33 @@ def test_the_targets_filter_keeps_the_named_targets_and_titles_the_table(tmp_pat
     assert spec.raw["paper"].endswith("TEP on the authors' windows, 7 windows a class, fp32")
     with pytest.raises(UserError, match="--targets mode9: not a target"):
         tep_protocol.load(tep_protocol.parse_args(["--out", str(tmp_path), "--targets", "mode9"]))
+
+
+def test_the_joiner_writes_one_directory_from_one_call_per_run(toy_root, tmp_path):
+    spec = tmp_path / "tiny.yaml"
+    spec.write_text(TINY_SPEC.format(root=toy_root))
+    folders = []
+    for run in ("fedavg", "centralized"):
+        folders.append(tmp_path / run)
+        code = subprocess.run(
+            [sys.executable, "-m", "tools.device.tep_protocol", "--out", str(folders[-1]), "--spec", str(spec)]
+            + ["--device", "cpu", "--runs", run],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        assert code.returncode == 0, code.stderr[-2000:]
+    from tools.device import tep_join
+
+    joined = tmp_path / "joined"
+    assert tep_join.main(["--spec", str(spec), "--out", str(joined), *map(str, folders)]) == 0
+    with (joined / "results.csv").open() as fh:
+        lines = list(csv.DictReader(fh))
+    assert [(line["row"], line["seed"]) for line in lines] == [("fedavg", "0"), ("centralized", "0")]
+    for line, folder in zip(lines, folders):
+        with (folder / "results.csv").open() as fh:
+            (alone,) = list(csv.DictReader(fh))
+        assert (line["target"], line["source"]) == (alone["target"], alone["source"])
+    assert {p.name for p in joined.iterdir()} >= {"table.md", "claims.md", "accuracy-npz.png"}
+    assert tep_join.main(["--spec", str(spec), "--out", str(tmp_path / "twice"), str(folders[0]), str(folders[0])]) == 2
